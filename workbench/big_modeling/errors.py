@@ -1,0 +1,31 @@
+"""Errors raised by the engine. Each subclasses a built-in so callers may catch either.
+
+``BadInputError`` marks a problem the user can fix (a file, a map, a budget); the CLI maps it to
+exit code 2 and the GUI shows its message as is.
+"""
+
+from __future__ import annotations
+
+
+class BadInputError(ValueError):
+    """Input the user can fix: a malformed file, an unknown name, an impossible budget."""
+
+
+class DeviceMapError(BadInputError):
+    """A device map that does not cover the model, names unknown modules or devices, or is malformed."""
+
+
+class CheckpointError(BadInputError):
+    """A checkpoint that is missing, corrupt, truncated, or does not match the model."""
+
+
+class MemoryBudgetError(BadInputError):
+    """Budgets that cannot hold the model (or a no-split block) on any allowed device."""
+
+
+class OffloadError(OSError):
+    """The offload folder cannot be written or read (not writable, disk full, escaped path)."""
+
+
+class LoadCancelled(Exception):
+    """Raised inside a load when its cancel token is set; the load leaves no partial files."""

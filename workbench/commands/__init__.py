@@ -1,0 +1,1 @@
+"""Headless subcommands; each module exposes ``register(subparsers)``."""
