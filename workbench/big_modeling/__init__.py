@@ -1,0 +1,91 @@
+"""The big-model engine: the API of Accelerate's "big modeling" reference, implemented anew.
+
+Code written for that API ports by changing the import::
+
+    from workbench.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
+
+Names resolve lazily (PEP 562), so importing the package costs nothing until a name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # empty-weight initialisation
+    "init_empty_weights": "empty_init",
+    "init_on_device": "empty_init",
+    # size accounting
+    "compute_module_sizes": "sizes",
+    "compute_module_total_buffer_size": "sizes",
+    "get_max_layer_size": "sizes",
+    "find_tied_parameters": "sizes",
+    "dtype_byte_size": "sizes",
+    "convert_file_size_to_int": "sizes",
+    "get_max_memory": "sizes",
+    # planning
+    "infer_auto_device_map": "planner",
+    "get_balanced_memory": "planner",
+    "estimate_activation_reserve": "reserve",
+    # device maps
+    "check_device_map": "device_map",
+    "clean_device_map": "device_map",
+    "save_device_map": "device_map",
+    "load_device_map": "device_map",
+    # hooks
+    "ModelHook": "hooks",
+    "SequentialHook": "hooks",
+    "add_hook_to_module": "hooks",
+    "remove_hook_from_module": "hooks",
+    "remove_hook_from_submodules": "hooks",
+    "AlignDevicesHook": "alignment",
+    "attach_execution_device_hook": "alignment",
+    "attach_align_device_hook": "alignment",
+    "attach_align_device_hook_on_blocks": "alignment",
+    "has_offloaded_params": "alignment",
+    "align_module_device": "alignment",
+    "LayerwiseCastingHook": "casting",
+    "attach_layerwise_casting_hooks": "casting",
+    # dispatch and offload
+    "dispatch_model": "dispatch",
+    "cpu_offload": "dispatch",
+    "cpu_offload_with_hook": "dispatch",
+    "disk_offload": "dispatch",
+    "OffloadedWeightsLoader": "offload",
+    "offload_state_dict": "offload",
+    "offload_weight": "offload",
+    "load_offloaded_weight": "offload",
+    # checkpoints
+    "CheckpointIndex": "checkpoint",
+    "load_checkpoint_in_model": "loading",
+    "load_checkpoint_and_dispatch": "loading",
+    "save_sharded_checkpoint": "shards",
+    # progress, events, errors, devices
+    "CancelToken": "progress",
+    "LoadProgress": "progress",
+    "TransferEvent": "transfers",
+    "recording_transfers": "transfers",
+    "BadInputError": "errors",
+    "CheckpointError": "errors",
+    "DeviceMapError": "errors",
+    "MemoryBudgetError": "errors",
+    "OffloadError": "errors",
+    "LoadCancelled": "errors",
+    "normalize_device": "devices",
+}
+
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605  (the names are the keys above)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'workbench.big_modeling' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
