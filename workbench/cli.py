@@ -17,7 +17,14 @@ from collections.abc import Callable, Sequence
 
 from workbench import __version__
 
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "workbench.commands.inspect",
+    "workbench.commands.plan",
+    "workbench.commands.make_demo",
+    "workbench.commands.profiles",
+    "workbench.commands.run",
+    "workbench.commands.desktop",
+)
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -44,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
+    if getattr(sys, "frozen", False):
+        import multiprocessing
+
+        multiprocessing.freeze_support()  # the worker process is spawned from the bundle too
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -29,10 +29,29 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        os.chmod(tmp, _final_mode(final))
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _read_umask() -> int:
+    # os.umask can only be read by setting it; do that once, at import, not per write.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+_UMASK = _read_umask()
+
+
+def _final_mode(final: Path) -> int:
+    """Keep an existing file's mode; a new file gets 0o666 less the umask, like ``open()``."""
+    try:
+        return final.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return 0o666 & ~_UMASK
 
 
 def atomic_write_bytes(target: str | os.PathLike[str], data: bytes) -> None:

@@ -50,6 +50,10 @@ class CancelToken:
     def cancelled(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until ``cancel()`` is called or ``timeout_s`` passes; return ``cancelled``."""
+        return self._event.wait(timeout_s)
+
     def raise_if_cancelled(self) -> None:
         """Raise ``LoadCancelled`` when ``cancel()`` has been called."""
         if self._event.is_set():

@@ -1,20 +1,68 @@
-"""Start the desktop app. (Placeholder window until the main window lands.)"""
+"""Start the desktop app: application identity, style, settings format, the main window."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from workbench import APP_ID, APP_NAME, __version__
 
 
-def run_app(open_source: str | None = None, demo: bool = False) -> int:
-    """Create the QApplication and show the main window; return the exit code."""
-    from PySide6.QtWidgets import QApplication, QLabel
+def configure_application(app: object) -> None:
+    """Set the identity (name, desktop file, icon), settings format and style sheet."""
+    from PySide6.QtCore import QSettings
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
 
-    app = QApplication.instance() or QApplication(sys.argv)
+    from workbench.gui.settings import ORGANIZATION
+    from workbench.resources import resources_root
+
+    assert isinstance(app, QApplication)
     app.setApplicationName(APP_NAME)
     app.setApplicationVersion(__version__)
+    app.setOrganizationName(ORGANIZATION)
     app.setDesktopFileName(APP_ID)
-    label = QLabel(f"{APP_NAME} {__version__}")
-    label.show()
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    app.setStyle("Fusion")  # Fusion follows the system palette, light or dark
+    icons = resources_root() / "icons"
+    for name in ("app.svg", "workbench.svg", f"{APP_ID}.svg"):
+        if (icons / name).is_file():
+            app.setWindowIcon(QIcon(str(icons / name)))
+            break
+    style = resources_root() / "styles" / "workbench.qss"
+    if style.is_file():
+        app.setStyleSheet(style.read_text(encoding="utf-8"))
+
+
+def run_app(open_source: str | None = None, demo: bool = False) -> int:
+    """Create the QApplication and show the main window; return the exit code.
+
+    Args:
+        open_source: a config.json, model folder, bundled config name or ``hf-cache:REPO``.
+        demo: open the bundled demo model (made on first use, cached).
+    """
+    from PySide6.QtWidgets import QApplication
+
+    from workbench.gui import settings as app_settings
+    from workbench.platform_integration import set_windows_app_user_model_id
+
+    set_windows_app_user_model_id()  # before the QApplication, so the taskbar groups our windows
+    from workbench.gui.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    configure_application(app)
+    workbench_logger = logging.getLogger("workbench")
+    if workbench_logger.level == logging.NOTSET:
+        workbench_logger.setLevel(logging.INFO)  # the Log tab shows progress lines
+    window = MainWindow()
+    window.show()
+    pending = app_settings.pending_autosave()
+    if demo:
+        from workbench.models import demo_model_dir
+
+        window.open_source(str(demo_model_dir()))
+    elif open_source:
+        window.open_source(open_source)
+    elif pending is not None:
+        window.offer_restore(pending)
     return app.exec()

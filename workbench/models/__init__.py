@@ -1,0 +1,50 @@
+"""Models: open a config, folder or cached model as an empty-weight model with its module tree;
+demo checkpoints; hardware profiles and the speed model. No Qt.
+
+Names resolve lazily (PEP 562) so importing the package does not import transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "ModelSourceError": "errors",
+    "ProfileError": "errors",
+    "OpenedModel": "intake",
+    "open_model": "intake",
+    "resolve_source": "intake",
+    "ModuleNode": "tree",
+    "ModuleTree": "tree",
+    "build_module_tree": "tree",
+    "DeviceSpec": "hardware",
+    "HardwareProfile": "hardware",
+    "detect_hardware": "hardware",
+    "list_profiles": "hardware",
+    "load_profile": "hardware",
+    "LayerPrediction": "speed",
+    "SpeedPrediction": "speed",
+    "predict_speed": "speed",
+    "make_demo": "demo",
+    "demo_model_dir": "demo",
+    "list_bundled_configs": "catalog",
+    "CachedModel": "hf_cache",
+    "list_cached_models": "hf_cache",
+    "parse_dtype": "dtypes",
+}
+
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'workbench.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

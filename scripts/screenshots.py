@@ -1,0 +1,116 @@
+"""Take the README screenshots of the main window: Llama 3.1 70B planned for an RTX 4090 box.
+
+Run under a real X server so fonts and styles render as users see them::
+
+    Xvfb :99 -screen 0 1920x1200x24 &
+    DISPLAY=:99 QT_QPA_PLATFORM=xcb python scripts/screenshots.py
+
+Writes ``docs/screenshots/main-70b-plan.png`` (the window with the auto plan applied) and
+``docs/screenshots/planner-comparison.png`` (the planner with four strategies side by side).
+Settings go to a temporary folder, so the user's own settings are untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _wait(app: object, predicate: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        app.processEvents()  # type: ignore[attr-defined]
+        time.sleep(0.02)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3.1-70b", help="bundled config or path")
+    parser.add_argument("--profile", default="rtx4090-64gb", help="hardware profile name")
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument(
+        "--compare-profile", default="2x-h100-80gb", help="profile for the planner comparison"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
+    args = parser.parse_args(argv)
+
+    settings_dir = tempfile.mkdtemp(prefix="workbench-shots-")
+    os.environ["XDG_DATA_HOME"] = os.environ["XDG_CONFIG_HOME"] = settings_dir
+    from PySide6.QtCore import QSettings, Qt
+    from PySide6.QtWidgets import QApplication
+
+    from workbench.gui.app import configure_application
+    from workbench.gui.main_window import MainWindow
+    from workbench.models.hardware import load_profile
+    from workbench.models.intake import resolve_source
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    configure_application(app)
+    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, settings_dir)
+    profile = load_profile(args.profile)
+    window = MainWindow(profiles=[profile], autosave=False)
+    window.resize(1680, 1050)
+    window.show()
+    config_path, _folder = resolve_source(args.model)
+    start_s = time.perf_counter()
+    window.open_source(str(config_path))
+    _wait(app, lambda: window.session.tree is not None, 600, "the model to open")
+    print(f"opened {args.model} in {time.perf_counter() - start_s:.1f} s")
+
+    panel = window.planner_panel
+    panel.reserve_by_shape.setChecked(True)
+    panel.batch_spin.setValue(1)
+    panel.seq_spin.setValue(4096)
+    thread = panel.compare()
+    _wait(
+        app,
+        lambda: thread is not None and not thread.isRunning() and bool(panel.candidates),
+        600,
+        "the plans",
+    )
+    app.processEvents()
+    if not panel.apply(args.strategy):
+        print(f"the {args.strategy} plan did not fit: {panel.candidate(args.strategy)}")
+        return 1
+    window.update_speed_prediction(wait=True)
+    window.resizeDocks([window.bottom_dock], [170], Qt.Orientation.Vertical)
+    window.resizeDocks([window.planner_dock], [470], Qt.Orientation.Horizontal)
+    window.tree_panel.depth_spin.setValue(2)
+    window.tree_panel.expand_button.click()
+    window.tree_panel.select_names(["model.layers.0"])
+    window.bottom_tabs.setCurrentIndex(window.bottom_tabs.count() - 1)
+    for _ in range(20):
+        app.processEvents()
+        time.sleep(0.02)
+    args.out.mkdir(parents=True, exist_ok=True)
+    main_png = args.out / "main-70b-plan.png"
+    window.grab().save(str(main_png))
+    print(f"wrote {main_png}")
+
+    window.set_hardware_profile(load_profile(args.compare_profile))
+    panel.sync_from_session()
+    thread = panel.compare()
+    _wait(app, lambda: thread is not None and not thread.isRunning(), 600, "the plans")
+    panel.show_trace("balanced")
+    window.planner_dock.raise_()
+    window.resizeDocks([window.planner_dock], [900], Qt.Orientation.Horizontal)
+    for _ in range(20):
+        app.processEvents()
+        time.sleep(0.02)
+    planner_png = args.out / "planner-comparison.png"
+    window.grab().save(str(planner_png))
+    print(f"wrote {planner_png}")
+    window.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

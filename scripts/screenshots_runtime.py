@@ -1,0 +1,134 @@
+"""Screenshots of the runtime panels: a real load, live plots, an inference run.
+
+Runs the real main window and worker on a generated demo (llama, 60M parameters, fp16, 4 shards)
+planned over cpu + disk, and writes:
+
+  docs/screenshots/load-live-plots.png  top: the window during a load (progress bar, Memory
+                                         tab); bottom: the Transfers tab after three runs
+  docs/screenshots/inference-run.png     the window after a run and a Verify (Inference tab)
+
+Settings go to a temporary folder. Run under Xvfb, e.g.:
+    Xvfb :98 -screen 0 1920x1080x24 & DISPLAY=:98 QT_QPA_PLATFORM=xcb python scripts/screenshots_runtime.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "screenshots"
+GIB = 1 << 30
+
+
+def run_until(predicate, timeout_s: float = 600.0) -> bool:
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+    deadline = time.monotonic() + timeout_s
+    check = QTimer()
+    check.setInterval(20)
+    check.timeout.connect(lambda: (predicate() or time.monotonic() > deadline) and loop.quit())
+    check.start()
+    if not predicate():
+        loop.exec()
+    check.stop()
+    return predicate()
+
+
+def main() -> int:
+    scratch = Path(tempfile.mkdtemp(prefix="workbench-shots-"))
+    os.environ["XDG_CONFIG_HOME"] = str(scratch / "config")
+    os.environ["XDG_DATA_HOME"] = str(scratch / "data")
+    from PySide6.QtCore import QSettings
+    from PySide6.QtGui import QImage, QPainter
+    from PySide6.QtWidgets import QApplication
+
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    QSettings.setPath(
+        QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(scratch / "settings")
+    )
+    app = QApplication.instance() or QApplication(sys.argv)
+    app.setApplicationName("Model Memory Workbench")
+    from workbench.big_modeling import infer_auto_device_map
+    from workbench.gui.commands import SetBudgetsCommand, push_plan
+    from workbench.gui.main_window import MainWindow
+    from workbench.models import make_demo, open_model
+
+    demo = Path(make_demo(scratch / "demo-llama-60m", arch="llama", params="60M", shards=4))
+    window = MainWindow(autosave=False)
+    window.resize(1850, 1040)
+    window.show()
+    panels = window.runtime_panels
+    panels.bridge.host.offload_root = scratch / "offload"
+    panels.controller.error_presenter = lambda title, message, details: print(
+        f"error: {title}: {message}"
+    )
+    opened = open_model(str(demo))
+    window.set_opened(str(demo), opened)
+    total = opened.tree.root.nbytes
+    plan = infer_auto_device_map(
+        opened.model,
+        max_memory={"cpu": total // 2, "disk": 100 * total},
+        no_split_module_classes=opened.no_split_modules,
+    )
+    push_plan(window.undo_stack, window.session, plan, strategy="auto")
+    window.undo_stack.push(
+        SetBudgetsCommand(window.session, {"cpu": 2 * GIB, "disk": 64 * GIB}, "Budgets")
+    )
+    window.bottom_dock.setMinimumHeight(430)
+    window.bottom_tabs.setCurrentWidget(panels.memory_plot)
+    panels.bridge.start()
+    run_until(lambda: panels.memory_plot.sample_count > 20, 120)  # a little history first
+
+    # during: a load parked half-way by the worker's test hook
+    tensor_count = len(opened.model.state_dict())
+    panels.controller.load_options = {"hold_after_tensors": tensor_count // 2}
+    held: list[bool] = []
+    panels.bridge.phase.connect(lambda ev: held.append(ev.phase == "held"))
+    panels.load_action.trigger()
+    run_until(lambda: any(held), 300)
+    run_until(lambda: False, 1.5)  # the plot and the progress bar catch up
+    during = window.grab().toImage()
+    panels.controller.cancel()
+    run_until(lambda: not panels.controller.busy, 60)
+
+    # after: a full load and three runs
+    panels.controller.load_options = {}
+    panels.load_action.trigger()
+    run_until(lambda: panels.controller.loaded or bool(panels.controller.errors), 600)
+    inference = panels.inference_panel
+    inference.max_tokens_spin.setValue(12)
+    for prompt in ("The quick brown fox", "Once upon a time", "Model memory"):
+        inference.prompt_edit.setPlainText(prompt)
+        inference.run()
+        run_until(lambda: not inference.busy, 300)
+    window.bottom_tabs.setCurrentWidget(panels.transfer_plot)
+    run_until(lambda: False, 1.0)
+    transfers = window.bottom_dock.grab().toImage()
+
+    width = max(during.width(), transfers.width())
+    combined = QImage(width, during.height() + transfers.height(), QImage.Format.Format_RGB32)
+    combined.fill(0xFFFFFF)
+    painter = QPainter(combined)
+    painter.drawImage(0, 0, during)
+    painter.drawImage(0, during.height(), transfers)
+    painter.end()
+    OUT.mkdir(parents=True, exist_ok=True)
+    combined.save(str(OUT / "load-live-plots.png"), "PNG")
+
+    inference.verify()
+    run_until(lambda: not inference.busy, 300)
+    window.bottom_tabs.setCurrentWidget(inference)
+    run_until(lambda: False, 1.0)
+    window.grab().save(str(OUT / "inference-run.png"), "PNG")
+    print(f"wrote {OUT / 'load-live-plots.png'} and {OUT / 'inference-run.png'}")
+    window.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

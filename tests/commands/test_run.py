@@ -1,0 +1,99 @@
+"""``workbench run``: the CLI over the same jobs, in process and through the worker."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from workbench.cli import main
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A small llama demo and a map file: layer 0 on the CPU, the other layers on disk."""
+    from workbench.models import make_demo
+
+    root = tmp_path_factory.mktemp("run")
+    folder = make_demo(root / "demo", arch="llama", params="2M", shards=2)
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu"}
+    device_map |= {f"model.layers.{i}": "disk" for i in range(1, layers)}
+    device_map |= {"model.norm": "cpu", "lm_head": "cpu"}
+    map_file = root / "map.json"
+    map_file.write_text(json.dumps(device_map))
+    return folder, map_file
+
+
+def test_run_in_process_json_with_verify(
+    demo: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, map_file = demo
+    code = main(
+        [
+            "run",
+            str(folder),
+            "--device-map",
+            str(map_file),
+            "--prompt",
+            "The planner",
+            "--max-new-tokens",
+            "3",
+            "--dtype",
+            "float32",
+            "--verify",
+            "--json",
+            "--in-process",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["load"]["model_class"] == "LlamaForCausalLM"
+    assert report["inference"]["new_tokens"] == 3
+    assert report["inference"]["tokens_per_s"] > 0
+    disk = [row for row in report["inference"]["per_layer"] if row["source"] == "disk"]
+    assert disk and all(row["nbytes"] > 0 for row in disk)
+    assert report["verify"]["passed"] and report["verify"]["exact"]
+
+
+def test_run_rejects_a_map_that_names_unknown_modules(
+    demo: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, _ = demo
+    bad_map = tmp_path / "bad.json"
+    bad_map.write_text(json.dumps({"": "cpu", "model.layers.99": "disk"}))
+    code = main(["run", str(folder), "--device-map", str(bad_map), "--in-process"])
+    assert code == 2
+    assert "model.layers.99" in capsys.readouterr().err
+    missing = main(["run", str(folder), "--device-map", str(tmp_path / "nope.json")])
+    assert missing == 2
+
+
+@pytest.mark.slow
+def test_run_through_the_worker_prints_text_speed_and_transfers(
+    demo: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, map_file = demo
+    code = main(
+        [
+            "run",
+            str(folder),
+            "--device-map",
+            str(map_file),
+            "--prompt",
+            "Once upon a time",
+            "--max-new-tokens",
+            "4",
+            "--dtype",
+            "float32",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "tokens/s, time to first token" in out
+    assert "weight transfers in the last forward (per device-map entry):" in out
+    assert "model.layers.1" in out and "disk -> cpu" in out
+    assert multiprocessing.active_children() == []  # the worker was shut down and joined

@@ -1,0 +1,173 @@
+"""The whole runtime flow in the real window with a real worker process and a real checkpoint:
+open the demo, plan cpu+disk, load, generate, verify, plots; cancel; SIGKILL; retry."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from PySide6.QtGui import QImage
+
+from workbench.gui.commands import push_plan
+
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
+
+LOAD_TIMEOUT_MS = 180_000  # a cold worker imports torch + transformers; 8 engineers share 2 cores
+
+
+@pytest.fixture
+def stop_resource_tracker():
+    """Stop multiprocessing's resource tracker after the test (the worker spawn started it;
+    otherwise it lives as long as pytest and trips the leftover-process guard)."""
+    yield
+    from multiprocessing import resource_tracker
+
+    resource_tracker._resource_tracker._stop()
+
+
+@pytest.fixture
+def demo_window(
+    main_window: Any, open_in_window: Any, demo_dir: Path, tmp_path: Path, stop_resource_tracker
+) -> Any:
+    """The main window with the generated demo open and planned over cpu + disk."""
+    opened = open_in_window(main_window, demo_dir)
+    from workbench.big_modeling import infer_auto_device_map
+
+    total = opened.tree.root.nbytes
+    plan = infer_auto_device_map(
+        opened.model,
+        max_memory={"cpu": total // 2, "disk": 100 * total},
+        no_split_module_classes=opened.no_split_modules,
+    )
+    assert {"cpu", "disk"} <= set(plan.values()), plan
+    push_plan(main_window.undo_stack, main_window.session, plan, strategy="auto")
+    panels = main_window.runtime_panels
+    panels.bridge.host.offload_root = tmp_path / "offload"
+    panels.controller.error_presenter = lambda *_: None  # recorded in controller.errors
+    return main_window
+
+
+def _held(panels: Any, qtbot: Any) -> None:
+    """Start a load that parks after 2 tensors (the worker's test hook) and wait for it."""
+    panels.controller.load_options = {"hold_after_tensors": 2}
+    with qtbot.waitSignal(
+        panels.bridge.phase,
+        check_params_cb=lambda ev: ev.phase == "held",
+        timeout=LOAD_TIMEOUT_MS,
+    ):
+        panels.load_action.trigger()
+    assert panels.controller.busy
+
+
+def test_full_flow_load_generate_verify_plots(demo_window: Any, qtbot: Any, tmp_path: Path) -> None:
+    panels = demo_window.runtime_panels
+    planned = dict(demo_window.session.device_map)
+    progress: list[Any] = []
+    phases: list[str] = []
+    panels.bridge.progress.connect(progress.append)
+    panels.bridge.phase.connect(lambda ev: phases.append(ev.phase))
+
+    with qtbot.waitSignal(panels.controller.load_finished, timeout=LOAD_TIMEOUT_MS):
+        panels.load_action.trigger()
+    assert panels.controller.errors == []
+    assert phases == ["building", "loading", "ready"]
+    done = [ev.bytes_done for ev in progress]
+    assert done == sorted(done) and progress[-1].fraction == 1.0
+    assert panels.progress_widget.bar.value() == panels.progress_widget.bar.maximum()
+    assert panels.controller.loaded_map == planned
+    assert not panels.cancel_action.isEnabled() and panels.unload_action.isEnabled()
+    worker = psutil.Process(panels.bridge.host.pid)
+    assert worker.nice() >= psutil.Process().nice() + 5  # the GUI wins the CPU over the worker
+
+    inference = panels.inference_panel
+    inference.max_tokens_spin.setValue(4)
+    with qtbot.waitSignal(inference.run_finished, timeout=LOAD_TIMEOUT_MS) as run:
+        inference.run_button.click()
+    record = run.args[0]
+    assert record.status == "done" and record.new_tokens == 4
+    assert record.device_map == planned
+    assert inference.output_edit.toPlainText() != ""
+    assert inference.ttft_label.text() not in ("—", "…")
+    assert inference.layer_table.rowCount() > 0
+
+    with qtbot.waitSignal(inference.run_finished, timeout=LOAD_TIMEOUT_MS) as run:
+        inference.verify_button.click()
+    assert run.args[0].verify["passed"] is True
+    assert "PASS" in inference.verify_label.text()
+
+    qtbot.waitUntil(lambda: panels.memory_plot.sample_count > 0, timeout=10_000)
+    assert "worker rss" in panels.memory_plot.series_names
+    assert panels.memory_plot.marker_labels[:2] == ["load start", "load end"]
+    assert panels.transfer_plot.forward_count > 0
+    disk_rows = [t for t in panels.transfer_plot.last_forward if t.source == "disk"]
+    assert disk_rows and all(t.nbytes > 0 for t in disk_rows)  # the disk layers were streamed
+    assert panels.transfer_plot.heatmap().max() > 0
+
+    rows = list(
+        csv.reader(io.StringIO(panels.transfer_plot.export_csv(tmp_path / "t.csv").read_text()))
+    )
+    assert rows[0][0] == "step" and len(rows) > 1
+    assert not QImage(str(panels.memory_plot.export_png(tmp_path / "m.png"))).isNull()
+    history = inference.history.model.export_json(tmp_path / "runs.json").read_text()
+    assert '"map_id"' in history and '"passed": true' in history
+
+    loaded_rss = panels.memory_plot.latest("worker rss")
+    with qtbot.waitSignal(
+        panels.bridge.state_changed, check_params_cb=lambda s: s == "idle", timeout=60_000
+    ):
+        panels.unload_action.trigger()
+    assert panels.controller.loaded_map is None
+    assert demo_window.session.device_map == planned
+    # the fresh worker has not even imported torch: the plot shows the memory drop
+    qtbot.waitUntil(
+        lambda: panels.memory_plot.latest("worker rss") < loaded_rss / 2, timeout=60_000
+    )
+
+
+def test_cancel_mid_load_returns_to_idle_within_a_second(demo_window: Any, qtbot: Any) -> None:
+    panels = demo_window.runtime_panels
+    planned = dict(demo_window.session.device_map)
+    _held(panels, qtbot)
+    start_s = time.monotonic()
+    with qtbot.waitSignal(panels.controller.busy_changed, timeout=5000):
+        panels.progress_widget.cancel_button.click()
+    assert time.monotonic() - start_s < 1.0
+    assert not panels.controller.busy and not panels.controller.loaded
+    assert panels.load_action.isEnabled() and not panels.cancel_action.isEnabled()
+    assert panels.controller.errors == []  # a cancel is not an error
+    assert "cancelled" in panels.progress_widget.label.text()
+    assert demo_window.session.device_map == planned
+    assert panels.memory_plot.marker_labels[-1] == "load cancelled"
+
+
+def test_sigkill_mid_load_shows_an_error_and_a_later_load_succeeds(
+    demo_window: Any, qtbot: Any
+) -> None:
+    panels = demo_window.runtime_panels
+    planned = dict(demo_window.session.device_map)
+    shown: list[tuple[str, str, str]] = []
+    panels.controller.error_presenter = panels.controller._show_error_dialog
+    _held(panels, qtbot)
+    with qtbot.waitSignal(panels.controller.load_failed, timeout=30_000) as failed:
+        os.kill(panels.bridge.host.pid, signal.SIGKILL)
+    assert failed.args[0].kind == "worker_died"
+    shown = panels.controller.errors
+    assert len(shown) == 1 and "signal 9" in shown[0][1]
+    dialog = panels.controller.last_error_dialog
+    assert dialog is not None and dialog.isVisible() and not dialog.isModal()
+    assert "device map is unchanged" in dialog.text()
+    dialog.close()
+    assert demo_window.isVisible() and demo_window.session.device_map == planned
+    assert panels.load_action.isEnabled()
+
+    panels.controller.load_options = {}
+    with qtbot.waitSignal(panels.controller.load_finished, timeout=LOAD_TIMEOUT_MS):
+        panels.load_action.trigger()
+    assert panels.controller.loaded_map == planned

@@ -1,0 +1,174 @@
+"""The main window end to end: open a generated demo and a what-if config on a worker thread,
+the contract GUI part 2 builds on, errors, drops, speed prediction, app identity."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+from PySide6.QtWidgets import QApplication, QTabWidget, QToolBar
+
+from workbench import APP_ID, APP_NAME
+from workbench.gui.tree_model import modules_mime_data
+
+pytestmark = pytest.mark.gui
+
+
+def test_contract_for_the_runtime_panels(main_window) -> None:
+    from PySide6.QtGui import QUndoStack
+
+    from workbench.runtime.session import Session
+
+    window = main_window
+    assert isinstance(window.session, Session)
+    assert isinstance(window.undo_stack, QUndoStack)
+    assert isinstance(window.main_toolbar, QToolBar)
+    assert isinstance(window.bottom_tabs, QTabWidget)
+    tabs = [window.bottom_tabs.tabText(i) for i in range(window.bottom_tabs.count())]
+    assert "Log" in tabs
+    assert window.hardware_profile().name == "test-2x24g"
+    assert window.lanes is not None and window.tree_view is not None
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_open_generated_demo_without_freezing(qtbot, main_window, demo_dir, open_in_window) -> None:
+    window = main_window
+    thread = window.open_source(str(demo_dir))
+    assert thread is not None
+    assert window.busy_bar.isVisible()  # shown before any work finishes: the call returned at once
+    qtbot.waitUntil(lambda: window.session.tree is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: not thread.isRunning(), timeout=5000)
+    assert not window.busy_bar.isVisible()
+    opened = window.session.opened
+    assert opened.checkpoint is not None  # real safetensors shards
+    assert window.session.device_map == {"": 0}
+    assert window.tree_model.rowCount() == len(opened.tree.root.children)
+    status = window.model_status.text()
+    assert status.startswith(demo_dir.name) and "params" in status
+    assert window.validity_status.text() == "map valid"
+    assert [lane.device for lane in window.lanes.lanes] == [0, 1, "cpu", "disk"]
+    assert "opened" in window.log_view.toPlainText()
+    qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_open_whatif_config_and_move_updates_predicted_speed(
+    qtbot, main_window, whatif_config, open_in_window
+) -> None:
+    window = main_window
+    opened = open_in_window(window, whatif_config)
+    assert opened.checkpoint is None  # shapes only
+    qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)
+    on_gpu = window.speed_prediction.tokens_per_s
+    window.lanes.lane("disk").dropMimeData(modules_mime_data(["model.layers"]))
+    qtbot.waitUntil(
+        lambda: (
+            window.speed_prediction is not None and window.speed_prediction.tokens_per_s < on_gpu
+        ),
+        timeout=5000,
+    )
+    assert window.undo_stack.undoText() == "Move 'model.layers' to disk"
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_a_bad_source_shows_an_error_and_the_window_keeps_working(
+    qtbot, main_window, tmp_path
+) -> None:
+    window = main_window
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    thread = window.open_source(str(broken))
+    qtbot.waitUntil(lambda: bool(window.errors), timeout=30_000)
+    qtbot.waitUntil(lambda: not thread.isRunning(), timeout=5000)
+    title, message = window.errors[0]
+    assert title == "Could not open the model"
+    assert "config.json" in message
+    assert window.session.tree is None and not window.busy_bar.isVisible()
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_dropping_a_model_folder_opens_it(qtbot, main_window, demo_dir) -> None:
+    window = main_window
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(demo_dir))])
+    event = QDropEvent(
+        QPointF(5, 5),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    window.dropEvent(event)
+    assert event.isAccepted()
+    qtbot.waitUntil(lambda: window.session.tree is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=5000)
+    assert window.session.source == str(demo_dir)
+
+
+def test_application_identity_matches_the_desktop_entry(qapp) -> None:
+    from workbench.gui.app import configure_application
+
+    configure_application(qapp)
+    assert QApplication.applicationName() == APP_NAME
+    assert QApplication.desktopFileName() == APP_ID
+    assert "overBudget" in qapp.styleSheet()  # resources/styles/workbench.qss
+    qapp.setStyleSheet("")
+
+
+def test_every_toolbar_action_has_text_and_a_tooltip(main_window) -> None:
+    for action in main_window.main_toolbar.actions():
+        if action.isSeparator() or not action.text():
+            continue
+        assert action.toolTip(), action.text()
+    shortcuts = {a.shortcut().toString() for a in main_window.actions_by_name.values()}
+    assert {"Ctrl+O", "Ctrl+Z", "Ctrl+I", "Ctrl+E", "Ctrl+1", "Ctrl+P"} <= shortcuts
+
+
+def test_switching_hardware_rebuilds_lanes_and_is_undoable(main_window) -> None:
+    from workbench.models.hardware import load_profile
+
+    window = main_window
+    laptop = load_profile("cpu-laptop-16gb")
+    window.hardware_selector.add_profile(laptop)
+    window.hardware_selector.profile_chosen.emit(laptop)  # what picking it in the combo emits
+    assert window.hardware_profile().name == "cpu-laptop-16gb"
+    assert [lane.device for lane in window.lanes.lanes] == ["cpu", "disk"]
+    assert window.session.budgets == laptop.budgets()
+    assert window.undo_stack.undoText() == "Use hardware cpu-laptop-16gb"
+    window.undo_stack.undo()
+    assert [lane.device for lane in window.lanes.lanes] == [0, 1, "cpu", "disk"]
+    assert window.hardware_profile().name == "test-2x24g"
+    assert window.hardware_selector.currentText() == "test-2x24g"
+
+
+def test_cache_browser_lists_nothing_from_an_empty_cache(qtbot, tmp_path) -> None:
+    from workbench.gui.cache_browser import CacheBrowser
+
+    browser = CacheBrowser(cache_dir=str(tmp_path))
+    qtbot.addWidget(browser)
+    assert browser.list_widget.count() == 0
+    assert "No cached models" in browser.info_label.text()
+
+
+def test_run_app_shows_the_main_window_and_returns_the_exit_code(qapp, clean_settings) -> None:
+    from PySide6.QtCore import QTimer
+
+    from workbench.gui.app import run_app
+    from workbench.gui.main_window import MainWindow
+
+    seen: list[str] = []
+
+    def close_windows() -> None:
+        for widget in qapp.topLevelWidgets():
+            if isinstance(widget, MainWindow) and widget.isVisible():
+                seen.append(widget.windowTitle())
+                widget.close()
+        qapp.exit(0)
+
+    QTimer.singleShot(300, close_windows)
+    try:
+        assert run_app() == 0
+    finally:
+        qapp.setStyleSheet("")
+    assert seen == ["Model Memory Workbench"]

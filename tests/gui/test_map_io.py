@@ -1,0 +1,143 @@
+"""Device-map files from the GUI: export, import with validation, bad files, copy as code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent, QGuiApplication
+
+from workbench.gui import map_io
+from workbench.gui.tree_model import modules_mime_data
+
+pytestmark = pytest.mark.gui
+
+
+def _spread(window) -> dict:
+    window.lanes.lane(0).dropMimeData(modules_mime_data(["embed"]))
+    window.lanes.lane(1).dropMimeData(modules_mime_data(["layers.2", "layers.3"]))
+    window.lanes.lane("disk").dropMimeData(modules_mime_data(["norm"]))
+    return dict(window.session.device_map)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_export_then_import_gives_an_identical_map(tiny_window, tmp_path, wrapped) -> None:
+    window = tiny_window
+    planned = _spread(window)
+    path = map_io.export_device_map(window, tmp_path / "map.json", wrapped=wrapped)
+    data = json.loads(path.read_text())
+    if wrapped:
+        assert data["format"] == "workbench-device-map"
+        assert data["model"]["class"] == "TinyLM" and data["model"]["nbytes"] == 2848
+        assert data["model"]["profile"]["name"] == "test-2x24g"
+    else:
+        assert data == {k: v for k, v in planned.items()}  # the plain transformers format
+    window.session.set_device_map({"": "cpu"}, reason="reset")
+    dialog = map_io.import_device_map(window, path)
+    assert dialog is not None and dialog.problems == []
+    assert window.session.device_map == {"": "cpu"}  # nothing changes before OK
+    dialog.accept()
+    assert window.session.device_map == planned
+    assert window.undo_stack.undoText() == "Import map from map.json"
+    assert list(tmp_path.iterdir()) == [path]  # atomic write left no temporary file
+
+
+BAD_FILES = {
+    "invalid_json": ('{"embed": 0,,}', "invalid JSON at line 1"),
+    "duplicate_keys": ('{"": 0, "": "cpu"}', "duplicate keys"),
+    "bad_device": ('{"": "gpu0"}', "do not name a device: '': \"gpu0\""),
+    "wrong_version": (
+        '{"format": "workbench-device-map", "version": 99, "device_map": {"": 0}}',
+        "version",
+    ),
+    "unknown_names": (
+        '{"embed": 0, "layers": 0, "norm": 0, "head": 0, "decoder.block.7": 0, "lm_head": 1}',
+        "2 unknown module name(s), not in TinyLM: decoder.block.7, lm_head",
+    ),
+    "uncovered": (
+        '{"embed": 0, "layers": 0}',
+        "uncovered module(s) or tensor(s) with no device: norm, head",
+    ),
+    "overlapping": ('{"": "cpu", "layers": 0}', "overlapping keys give different devices"),
+    "not_in_profile": ('{"": 3}', "device(s) cuda:3 not in hardware profile 'test-2x24g'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_map_files_show_their_message_and_change_nothing(tiny_window, tmp_path, case) -> None:
+    window = tiny_window
+    before = _spread(window)
+    steps = window.undo_stack.count()
+    text, expected = BAD_FILES[case]
+    path = tmp_path / f"{case}.json"
+    path.write_text(text)
+    dialog = map_io.import_device_map(window, path)
+    if dialog is None:  # unreadable file: an error message, no dialog
+        assert len(window.errors) == 1
+        message = window.errors[0][1]
+    else:  # readable but invalid: the dialog lists the problems, OK stays disabled
+        message = dialog.message
+        ok = dialog.buttons.button(dialog.buttons.StandardButton.Ok)
+        assert not ok.isEnabled()
+        dialog.accept()  # even a forced accept applies nothing
+        assert not dialog.applied
+        dialog.close()
+    assert expected in message
+    assert window.session.device_map == before
+    assert window.undo_stack.count() == steps
+
+
+def test_dropping_a_map_file_on_the_window_opens_the_import_dialog(tiny_window, tmp_path) -> None:
+    window = tiny_window
+    path = tmp_path / "drop.json"
+    path.write_text(json.dumps({"": 1}))
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    event = QDropEvent(
+        QPointF(10, 10),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    window.dropEvent(event)
+    dialogs = [d for d in window.findChildren(map_io.ImportDialog) if d.isVisible()]
+    assert len(dialogs) == 1 and dialogs[0].problems == []
+    dialogs[0].accept()
+    assert window.session.device_map == {"": 1}
+
+
+def test_copy_as_code_puts_a_runnable_snippet_on_the_clipboard(tiny_window) -> None:
+    window = tiny_window
+    planned = _spread(window)
+    snippet = map_io.copy_as_code(window)
+    assert QGuiApplication.clipboard().text() == snippet
+    compile(snippet, "<snippet>", "exec")  # valid Python
+    namespace: dict = {}
+    exec(snippet.split("model = ")[0].split("from transformers")[1].split("\n", 1)[1], namespace)
+    assert namespace["device_map"] == planned
+    assert namespace["max_memory"] == {0: "24576MiB", 1: "24576MiB", "cpu": "65536MiB"}
+    assert 'offload_folder="offload"' in snippet
+    assert "TinyLM.from_pretrained(" in snippet
+
+
+def test_diff_against_a_map_file_lists_moves_bytes_and_speed(tiny_window, tmp_path) -> None:
+    from workbench.gui.diff_dialog import show_diff_against_file
+
+    window = tiny_window
+    path = map_io.export_device_map(window, tmp_path / "before.json")  # {"": "cpu"}
+    _spread(window)
+    dialog = show_diff_against_file(window, str(path))
+    assert dialog is not None
+    assert [name for name, _old, _new in dialog.diff.moved] == [
+        "embed",
+        "layers.2",
+        "layers.3",
+        "norm",
+        "head",
+    ]
+    assert dialog.diff.bytes_before == {"cpu": 2848}
+    assert dialog.diff.bytes_after == {0: 512, 1: 1152, "cpu": 1152, "disk": 32}
+    assert "before:" in dialog.speed_label.text()
+    dialog.close()

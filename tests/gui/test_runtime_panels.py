@@ -1,0 +1,253 @@
+"""The runtime panels inside the real main window, driven by a scripted worker host.
+
+The host's events come from a real background thread, like the real reader thread; the real
+worker process is exercised in test_load_flow.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from PySide6.QtWidgets import QMainWindow
+
+from workbench.big_modeling.transfers import TransferEvent
+from workbench.gui.commands import push_move
+from workbench.gui.runtime_panels import install_runtime_panels
+from workbench.runtime.protocol import (
+    CudaMemory,
+    Failed,
+    LoadSummary,
+    Phase,
+    Progress,
+    Result,
+    StateChanged,
+    TelemetrySample,
+    TransferBatch,
+    WorkerExited,
+)
+
+pytestmark = pytest.mark.gui
+GIB = 1 << 30
+
+
+class ScriptedHost:
+    """Records requests; the test plays the worker's answers from a background thread."""
+
+    def __init__(self, on_event: Callable[[Any], None]) -> None:
+        self.on_event = on_event
+        self.state = "idle"
+        self.requests: list[tuple] = []
+        self.pid = None
+
+    def play(self, *events: Any) -> None:
+        thread = threading.Thread(target=lambda: [self.on_event(e) for e in events])
+        thread.start()
+        thread.join()
+
+    def start(self) -> None:
+        pass
+
+    def load(self, source, device_map, *, dtype=None, options=None) -> int:
+        self.requests.append(("load", source, dict(device_map)))
+        return len(self.requests)
+
+    def cancel(self) -> bool:
+        self.requests.append(("cancel",))
+        return True
+
+    def unload(self) -> None:
+        self.requests.append(("unload",))
+        self.on_event(StateChanged("idle", "loaded"))
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self.requests.append(("shutdown",))
+
+
+@pytest.fixture
+def window(tiny_window: Any) -> Any:
+    panels = tiny_window.runtime_panels
+    panels.bridge.host = ScriptedHost(panels.bridge._on_host_event)
+    panels.controller.error_presenter = lambda *_: None  # recorded in controller.errors
+    return tiny_window
+
+
+def _loaded(window: Any, qtbot: Any) -> int:
+    panels = window.runtime_panels
+    panels.load_action.trigger()
+    request_id = panels.controller.request_id
+    summary = LoadSummary(
+        "tiny-lm", "TinyLM", dict(window.session.device_map), {}, 0.5, 2848, False, False
+    )
+    with qtbot.waitSignal(panels.controller.load_finished, timeout=5000):
+        panels.bridge.host.play(
+            Phase(request_id, "opening"),
+            Progress(request_id, 1424, 2848, "layers.0.attn.weight", "loading", 1.0),
+            Progress(request_id, 2848, 2848, "norm.weight", "loading", 0.0),
+            Phase(request_id, "ready"),
+            Result(request_id, "load", summary),
+        )
+    return request_id
+
+
+def test_install_adds_actions_tabs_and_progress(main_window: Any) -> None:
+    panels = main_window.runtime_panels
+    toolbar_actions = main_window.main_toolbar.actions()
+    for action in (panels.load_action, panels.cancel_action, panels.unload_action):
+        assert action in toolbar_actions
+    tabs = [main_window.bottom_tabs.tabText(i) for i in range(main_window.bottom_tabs.count())]
+    assert tabs[:3] == ["Memory", "Transfers", "Inference"] and "Log" in tabs
+    assert panels.progress_widget.parent() is not None
+    assert panels.load_action.isEnabled()
+    assert not panels.cancel_action.isEnabled() and not panels.unload_action.isEnabled()
+    assert panels.bridge.host.pid is None  # no worker until the first load
+
+
+def test_install_on_a_broken_window_logs_and_returns_none(qtbot, caplog) -> None:
+    window = QMainWindow()  # no session, no toolbar, no tabs
+    qtbot.addWidget(window)
+    assert install_runtime_panels(window) is None
+    assert "could not be installed" in caplog.text
+    window.show()
+    assert window.isVisible()
+
+
+def test_load_shows_progress_then_loaded_state(window: Any, qtbot: Any) -> None:
+    panels = window.runtime_panels
+    panels.load_action.trigger()
+    assert panels.bridge.host.requests == [("load", "tiny-lm", {"": "cpu"})]
+    assert panels.progress_widget.bar.isVisibleTo(panels.progress_widget)
+    assert not panels.load_action.isEnabled() and panels.cancel_action.isEnabled()
+    request_id = panels.controller.request_id
+    with qtbot.waitSignal(panels.bridge.progress, timeout=5000):
+        panels.bridge.host.play(
+            Progress(request_id, GIB, 4 * GIB, "model.layers.7.mlp.weight", "loading", 75.0)
+        )
+    label = panels.progress_widget.label.text()
+    assert "1 GiB / 4 GiB" in label and "ETA 1 min 15 s" in label and "mlp.weight" in label
+    assert panels.progress_widget.bar.value() == 250
+    summary = LoadSummary("tiny-lm", "TinyLM", {"": "cpu"}, {}, 2.0, 4 * GIB, False, False)
+    with qtbot.waitSignal(panels.controller.load_finished, timeout=5000):
+        panels.bridge.host.play(
+            Progress(request_id, 4 * GIB, 4 * GIB), Result(request_id, "load", summary)
+        )
+    assert panels.progress_widget.bar.value() == 1000
+    assert "loaded in 2.0 s" in panels.progress_widget.label.text()
+    assert panels.unload_action.isEnabled() and not panels.cancel_action.isEnabled()
+    assert panels.inference_panel.run_button.isEnabled()
+
+
+def test_editing_the_map_while_loaded_marks_it_changed_and_offers_reload(window, qtbot) -> None:
+    panels = window.runtime_panels
+    _loaded(window, qtbot)
+    assert not panels.controller.stale
+    with qtbot.waitSignal(panels.controller.stale_changed, timeout=2000):
+        push_move(window.undo_stack, window.session, ["layers.3"], "disk")
+    assert panels.progress_widget.stale_label.isVisibleTo(panels.progress_widget)
+    window.undo_stack.undo()  # back to the loaded map: not stale any more
+    assert not panels.controller.stale
+    window.undo_stack.redo()
+    assert panels.controller.stale
+    panels.progress_widget.reload_button.click()
+    assert panels.bridge.host.requests[-1] == ("load", "tiny-lm", window.session.device_map)
+    assert panels.controller.busy and not panels.controller.stale
+
+
+def test_bad_checkpoint_shows_dialog_and_load_can_be_retried(window, qtbot) -> None:
+    panels = window.runtime_panels
+    shown: list[tuple[str, str, str]] = []
+    panels.controller.error_presenter = panels.controller._show_error_dialog
+    before = dict(window.session.device_map)
+    panels.load_action.trigger()
+    failure = Failed(
+        panels.controller.request_id,
+        "model-00001-of-00002.safetensors: truncated header",
+        details="Traceback ...",
+        kind="bad_input",
+        job="load",
+    )
+    with qtbot.waitSignal(panels.controller.load_failed, timeout=5000):
+        panels.bridge.host.play(failure)
+    shown = panels.controller.errors
+    assert shown[0][0] == "The model could not be loaded" and "truncated header" in shown[0][1]
+    dialog = panels.controller.last_error_dialog
+    assert dialog.isVisible() and not dialog.isModal() and dialog.detailedText() == "Traceback ..."
+    dialog.close()
+    assert window.session.device_map == before and panels.load_action.isEnabled()
+    panels.load_action.trigger()
+    assert panels.controller.busy
+
+
+def test_worker_death_while_loaded_is_reported_once(window, qtbot) -> None:
+    panels = window.runtime_panels
+    _loaded(window, qtbot)
+    with qtbot.waitSignal(panels.controller.loaded_changed, timeout=5000):
+        panels.bridge.host.play(
+            WorkerExited(-9, 9, False, "worker process 42 was killed by signal 9")
+        )
+    assert [e[0] for e in panels.controller.errors] == ["The worker process died"]
+    assert not panels.unload_action.isEnabled() and panels.load_action.isEnabled()
+
+
+def test_telemetry_feeds_the_memory_plot_with_budgets(window, qtbot) -> None:
+    panels = window.runtime_panels
+    cuda = (CudaMemory(0, GIB, 2 * GIB, 3 * GIB, 24 * GIB),)
+    panels.bridge.start()  # events are delivered once the worker runs
+    with qtbot.waitSignal(panels.bridge.telemetry, timeout=5000):
+        panels.bridge.host.play(TelemetrySample(100.0, GIB, 8 * GIB, cuda))
+    assert panels.memory_plot.series_names == [
+        "worker rss",
+        "system available",
+        "cuda:0 allocated",
+        "cuda:0 reserved",
+        "cuda:0 nvml",
+    ]
+    assert sorted(panels.memory_plot._budget_lines) == ["cpu", "cuda:0", "cuda:1"]
+
+
+def test_transfer_batches_fold_into_layer_bars(window, qtbot) -> None:
+    panels = window.runtime_panels
+    _loaded(window, qtbot)
+    events = (
+        TransferEvent("layers.0", 1_000_000, "disk", "cpu", 0.0, 0.001),
+        TransferEvent("layers.0", 0, "cpu", "cpu", 0.001, 0.004, "compute"),
+        TransferEvent("layers.0.attn", 0, "cpu", "cpu", 0.001, 0.002, "compute"),
+        TransferEvent("", 0, "cpu", "cpu", 0.0, 0.01, "compute"),  # the root: dropped
+    )
+    with qtbot.waitSignal(panels.bridge.transfers, timeout=5000):
+        panels.bridge.host.play(TransferBatch(9, 0, events))
+    (row,) = panels.transfer_plot.last_forward
+    assert row.module == "layers.0" and row.source == "disk"
+    assert row.transfer_s == pytest.approx(0.001) and row.compute_s == pytest.approx(0.003)
+    assert panels.transfer_plot.layers[0] == panels.units[0]
+
+
+def test_unload_restarts_the_worker_and_marks_the_plot(window, qtbot) -> None:
+    panels = window.runtime_panels
+    _loaded(window, qtbot)
+    with qtbot.waitSignal(panels.bridge.state_changed, timeout=5000):
+        panels.unload_action.trigger()
+    assert ("unload",) in panels.bridge.host.requests
+    assert panels.controller.loaded_map is None and not panels.unload_action.isEnabled()
+    assert panels.memory_plot.marker_labels[-1] == "unload"
+
+
+def test_closing_the_window_shuts_the_worker_down(window) -> None:
+    panels = window.runtime_panels
+    window.close()
+    assert ("shutdown",) in panels.bridge.host.requests
+    assert not panels.memory_plot.timer.isActive()
+
+
+def test_memory_plot_redraws_at_10_hz_during_jobs_and_2_hz_at_rest(window, qtbot) -> None:
+    panels = window.runtime_panels
+    panels.bridge.start()
+    assert panels.memory_plot.timer.interval() == 500
+    with qtbot.waitSignal(panels.bridge.state_changed, timeout=5000):
+        panels.bridge.host.play(StateChanged("loading", "idle"))
+    assert panels.memory_plot.timer.interval() == 100
+    with qtbot.waitSignal(panels.bridge.state_changed, timeout=5000):
+        panels.bridge.host.play(StateChanged("loaded", "loading"))
+    assert panels.memory_plot.timer.interval() == 500

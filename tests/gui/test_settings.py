@@ -1,0 +1,98 @@
+"""Settings round trips (in a temporary folder) and the session autosave / restore."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtWidgets import QPushButton
+
+from workbench.gui import settings as app_settings
+from workbench.gui.main_window import MainWindow
+from workbench.gui.tree_model import modules_mime_data
+
+pytestmark = pytest.mark.gui
+
+
+def test_settings_live_in_the_temporary_folder(clean_settings) -> None:
+    assert str(app_settings.app_settings().fileName()).startswith(str(clean_settings))
+    assert str(app_settings.autosave_path()).startswith(str(clean_settings))
+
+
+def test_recent_models_newest_first_deduplicated_and_bounded(clean_settings) -> None:
+    for number in range(12):
+        app_settings.add_recent_model(f"/models/m{number}")
+    app_settings.add_recent_model("/models/m5")
+    recents = app_settings.recent_models()
+    assert recents[0] == "/models/m5"
+    assert len(recents) == app_settings.MAX_RECENT
+    assert recents[1:4] == ["/models/m11", "/models/m10", "/models/m9"]
+    assert recents.count("/models/m5") == 1
+
+
+def test_profile_budgets_geometry_and_splitters_survive_a_restart(
+    qtbot, main_window, test_profile
+) -> None:
+    window = main_window
+    budgets = dict(window.session.budgets)
+    budgets[1] = 20 * 1024**3
+    window.budget_editor.spin_boxes[1].setValue(20.0)  # the user edits cuda:1 to 20 GiB
+    assert window.session.budgets == budgets
+    window.history_dock.close()  # the user closes a dock: the layout remembers it
+    splitter_state = window.main_splitter.saveState()
+    window.close()
+
+    again = MainWindow(profiles=[test_profile])
+    qtbot.addWidget(again)
+    again.show()
+    assert again.session.budgets == budgets
+    assert again.hardware_profile().name == "test-2x24g"
+    saved = app_settings.window_state(["main"])
+    assert saved["geometry"] == window.saveGeometry()  # restored by restoreGeometry
+    assert again.history_dock.isHidden() and not again.planner_dock.isHidden()
+    # (the offscreen screen is too small to show splitter positions; the state is kept)
+    assert app_settings.window_state(["main"])["splitters"]["main"] == splitter_state
+    again.close()
+
+
+def test_autosave_is_written_and_offered_after_an_unclean_exit(main_window, tiny_opened) -> None:
+    window = main_window
+    window.set_opened("tiny-lm", tiny_opened, {"": "cpu"})
+    window.lanes.lane(1).dropMimeData(modules_mime_data(["layers.3"]))
+    window.autosave_now()
+    path = app_settings.autosave_path()
+    saved = json.loads(path.read_text())
+    assert saved["device_map"] == window.session.device_map
+    assert saved["source"] == "tiny-lm"
+    assert app_settings.pending_autosave() == path  # a crash now would lose nothing
+    window.close()  # a clean exit removes it
+    assert app_settings.pending_autosave() is None
+    assert not path.exists()
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_restore_bar_reopens_the_model_with_its_map(qtbot, main_window, whatif_config) -> None:
+    window = main_window
+    saved_map = {"model.embed_tokens": 0, "model.layers": 1, "model.norm": "cpu", "lm_head": "cpu"}
+    path = app_settings.write_autosave(
+        {
+            "format": "workbench-session",
+            "version": 1,
+            "source": str(whatif_config),
+            "dtype": None,
+            "device_map": saved_map,
+            "budgets": [[0, 1000], [1, 2000], ["cpu", 3000], ["disk", 4000]],
+            "reserve": 7,
+            "planner_options": {},
+            "profile": None,
+        }
+    )
+    bar = window.offer_restore(path)
+    restore = next(b for b in bar.findChildren(QPushButton) if "Restore" in b.text())
+    restore.click()
+    qtbot.waitUntil(lambda: window.session.tree is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: window.open_thread is not None and not window.open_thread.isRunning())
+    assert window.session.device_map == saved_map
+    assert window.session.budgets == {0: 1000, 1: 2000, "cpu": 3000, "disk": 4000}
+    assert window.session.reserve == 7
+    assert bar.isHidden()

@@ -1,0 +1,143 @@
+"""Hardware profiles: bundled, user, detected; malformed files; sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from workbench.big_modeling.errors import BadInputError
+from workbench.models.errors import ProfileError
+from workbench.models.hardware import (
+    HardwareProfile,
+    detect_hardware,
+    list_profiles,
+    load_profile,
+    parse_bytes,
+    profile_for_budgets,
+)
+
+GIB = 2**30
+
+
+def test_bundled_profiles_and_their_budgets() -> None:
+    names = [profile.name for profile in list_profiles()]
+    assert {"rtx4090-64gb", "2x-h100-80gb", "cpu-laptop-16gb", "h200-141gb"} <= set(names)
+    assert load_profile("rtx4090-64gb").budgets() == {
+        0: 24 * GIB,
+        "cpu": 64 * GIB,
+        "disk": 2 * 10**12,
+    }
+    two = load_profile("2x-h100-80gb")
+    assert [spec.device for spec in two.accelerators] == [0, 1]
+    assert two.device("cuda:1").memory_bandwidth_gbps == 3350.0
+    laptop = load_profile("cpu-laptop-16gb")
+    assert laptop.accelerators == () and laptop.budgets()["cpu"] == 16 * GIB
+    with pytest.raises(ProfileError, match="has no device 0; it has cpu, disk"):
+        laptop.device(0)
+
+
+def _write(folder: Path, name: str, data: object) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_user_profiles_add_and_override(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    folder = tmp_path / "model-memory-workbench" / "hardware"
+    _write(
+        folder,
+        "mine",
+        {"devices": [{"device": "cuda:0", "memory": "12GB"}, {"device": "cpu", "memory": "32GiB"}]},
+    )
+    _write(folder, "broken", "{not json")
+    profile = load_profile("mine")
+    assert profile.budgets() == {0: 12 * 10**9, "cpu": 32 * GIB}
+    assert profile.source == folder / "mine.json"
+    assert "mine" in [p.name for p in list_profiles()]  # the broken file is skipped, not fatal
+    with pytest.raises(ProfileError, match=r"broken\.json is not readable JSON"):
+        load_profile(folder / "broken.json")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"devices": []}, "needs a non-empty 'devices' list"),
+        ({"devices": [{"device": "cpu"}]}, r"devices\[0\] needs at least 'device' and 'memory'"),
+        (
+            {"devices": [{"device": "gpu0", "memory": "1GB"}]},
+            r"devices\[0\]: 'gpu0' is not a device",
+        ),
+        ({"devices": [{"device": "cpu", "memory": "lots"}]}, r"devices\[0\]: 'lots' is not a size"),
+        (
+            {"devices": [{"device": 0, "memory": 1}, {"device": "cuda:0", "memory": 2}]},
+            "lists devices twice: 0",
+        ),
+    ],
+)
+def test_malformed_profiles_name_file_and_problem(tmp_path: Path, data: dict, message: str) -> None:
+    path = _write(tmp_path, "bad", data)
+    with pytest.raises(ProfileError, match=message) as caught:
+        load_profile(path)
+    assert str(path) in str(caught.value)
+
+
+def test_unknown_profile_lists_known_ones() -> None:
+    with pytest.raises(
+        ProfileError,
+        match=r"unknown hardware profile 'rtx5090'; known profiles: .*detected.*rtx4090-64gb",
+    ):
+        load_profile("rtx5090")
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile("missing.json")
+
+
+def test_detected_hardware_matches_this_machine(tmp_path: Path) -> None:
+    profile = detect_hardware(offload_folder=tmp_path / "not-yet" / "offload")
+    cpu = profile.device("cpu")
+    assert cpu.memory_bytes == psutil.virtual_memory().total
+    assert 0 < cpu.budget_bytes <= cpu.memory_bytes
+    assert profile.device("disk").free_bytes > 0
+    assert len(profile.accelerators) == (
+        torch.cuda.device_count() if torch.cuda.is_available() else 0
+    )
+    assert load_profile("detected").name == "detected"
+
+
+@pytest.mark.gpu
+def test_detected_cuda_devices_report_total_and_free() -> None:
+    profile = detect_hardware()
+    for index in range(torch.cuda.device_count()):
+        spec = profile.device(index)
+        assert spec.memory_bytes == torch.cuda.get_device_properties(index).total_memory
+        assert 0 < spec.free_bytes <= spec.memory_bytes
+        assert spec.compute_tflops > 0 and spec.memory_bandwidth_gbps > 0
+
+
+def test_round_trip_through_dict() -> None:
+    profile = load_profile("2x-h100-80gb")
+    again = HardwareProfile.from_dict(profile.to_dict())
+    assert again == profile and again.to_dict() == profile.to_dict()
+    with pytest.raises(
+        ProfileError, match="hardware profile data needs a non-empty 'devices' list"
+    ):
+        HardwareProfile.from_dict({"name": "x"})
+
+
+def test_parse_bytes_and_what_if_profile() -> None:
+    assert parse_bytes("24GiB") == 24 * GIB
+    assert parse_bytes("80GB") == 80 * 10**9
+    assert parse_bytes("1.5 TiB") == int(1.5 * 2**40)
+    assert parse_bytes("512") == 512 and parse_bytes(7) == 7
+    with pytest.raises(BadInputError, match="'24 gigs' is not a size"):
+        parse_bytes("24 gigs")
+    base = load_profile("rtx4090-64gb")
+    custom = profile_for_budgets({0: 10 * GIB, 1: 10 * GIB, "cpu": 5 * GIB}, base=base)
+    assert custom.budgets() == {0: 10 * GIB, 1: 10 * GIB, "cpu": 5 * GIB, "disk": 0}
+    assert custom.device(0).compute_tflops == base.device(0).compute_tflops
+    assert custom.device(1).name == "GPU 1 (assumed)"

@@ -1,0 +1,88 @@
+"""The speed model: golden per-layer times computed by hand, overlap, and map/profile errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.big_modeling.errors import DeviceMapError
+from workbench.models.hardware import DeviceSpec, HardwareProfile
+from workbench.models.intake import open_model
+from workbench.models.speed import predict_speed
+from workbench.models.tree import build_module_tree
+
+PROFILE = HardwareProfile(
+    name="toy",
+    description="hand-checkable numbers",
+    devices=(
+        DeviceSpec(0, "gpu", 10**10, None, compute_tflops=100.0, memory_bandwidth_gbps=1000.0),
+        DeviceSpec("cpu", "ram", 10**11, None, compute_tflops=1.0, memory_bandwidth_gbps=50.0),
+        DeviceSpec("disk", "ssd", 10**12),
+    ),
+    host_to_device_gbps=10.0,
+    disk_read_gbps=1.0,
+)
+
+
+@pytest.fixture(scope="module")
+def toy_tree():
+    # two layers of 1000x1000 fp16 weights: 1e6 params, 2,000,000 B each
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1000, 1000, bias=False), nn.Linear(1000, 1000, bias=False))
+    return build_module_tree(model, dtype=torch.float16)
+
+
+def test_gpu_and_cpu_offloaded_layer_by_hand(toy_tree) -> None:
+    prediction = predict_speed(toy_tree, {"0": 0, "1": "cpu"}, PROFILE, prompt_tokens=100)
+    first, second = prediction.per_layer
+    # compute: max(2*1e6 flop / (100e12*0.5), 2e6 B / (1000e9*0.8)) = max(4e-8, 2.5e-6) = 2.5e-6 s
+    assert first.compute_s == pytest.approx(2.5e-6)
+    assert first.transfer_s == 0 and first.execution_device == 0
+    # the cpu layer runs on GPU 0 after a 2e6 B / 10e9 B/s = 2e-4 s copy
+    assert (second.device, second.execution_device) == ("cpu", 0)
+    assert second.transfer_s == pytest.approx(2e-4)
+    assert prediction.decode_s == pytest.approx(2.5e-6 + 2e-4)  # overlap: max per layer
+    assert prediction.tokens_per_s == pytest.approx(1 / (2.5e-6 + 2e-4))
+    # prefill of 100 tokens: max(2e8 / 5e13, 2.5e-6) = 4e-6 s of compute per layer
+    assert first.prefill_compute_s == pytest.approx(4e-6)
+    assert prediction.ttft_s == pytest.approx((4e-6 + 2e-4) + prediction.decode_s)
+    assert prediction.bottleneck == "host-to-device"
+    serial = predict_speed(toy_tree, {"0": 0, "1": "cpu"}, PROFILE, prefetch=False)
+    assert serial.decode_s == pytest.approx(2.5e-6 + 2e-4 + 2.5e-6)
+    assert serial.decode_s > prediction.decode_s
+
+
+def test_disk_layer_reads_then_copies(toy_tree) -> None:
+    prediction = predict_speed(toy_tree, {"0": 0, "1": "disk"}, PROFILE)
+    # 2e6 B / 1e9 B/s from disk + 2e6 B / 10e9 B/s to the GPU = 2.2e-3 s
+    assert prediction.per_layer[1].transfer_s == pytest.approx(2.2e-3)
+    assert prediction.bottleneck == "disk"
+
+
+def test_cpu_only_plan_has_no_transfers(toy_tree) -> None:
+    prediction = predict_speed(toy_tree, {"": "cpu"}, PROFILE)
+    assert all(
+        layer.transfer_s == 0 and layer.execution_device == "cpu" for layer in prediction.per_layer
+    )
+    # memory-bound on the CPU: 2e6 B / (50e9 * 0.8) = 5e-5 s per layer
+    assert prediction.decode_s == pytest.approx(2 * 5e-5)
+    assert prediction.bottleneck == "compute"
+
+
+def test_map_errors(toy_tree) -> None:
+    with pytest.raises(DeviceMapError, match="uses 3, which hardware profile 'toy' does not have"):
+        predict_speed(toy_tree, {"": 3}, PROFILE)
+    with pytest.raises(
+        DeviceMapError, match=r"no device for 1 tensors: 1.weight\. Add a covering key"
+    ):
+        predict_speed(toy_tree, {"0": 0}, PROFILE)
+
+
+def test_layers_are_the_no_split_blocks_of_a_real_model(demo_llama_dir) -> None:
+    opened = open_model(demo_llama_dir)
+    layers = predict_speed(opened, {"": "cpu"}, PROFILE).per_layer
+    names = [layer.name for layer in layers]
+    blocks = [n.name for n in opened.tree.node("model.layers").children]
+    assert names == ["model.embed_tokens", *blocks, "model.norm", "model.rotary_emb", "lm_head"]
+    assert sum(layer.nbytes for layer in layers) == opened.tree.root.nbytes

@@ -1,0 +1,237 @@
+"""Packaging: the entry points, a clean wheel install in a fresh venv, the bundle's smoke-test
+hook, and (opt-in, slow) the PyInstaller bundle itself.
+
+The bundle test builds with ``scripts/build-app`` (several minutes, ~1 GB) and runs only with
+``WORKBENCH_TEST_BUNDLE=1`` (``WORKBENCH_BUNDLE_REBUILD=0`` reuses an existing
+``dist/`` bundle); CI leaves it off to stay within its time budget.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from workbench import APP_ID, __version__
+from workbench.platform_integration import (
+    SMOKE_FAILED_EXIT,
+    _is_subcommand,
+    set_windows_app_user_model_id,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def isolated_env(home: Path, **extra: str) -> dict[str, str]:
+    """Environment for a child app: its own home, settings and caches, offscreen Qt."""
+    env = dict(os.environ)
+    env.update(
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / "config"),
+        XDG_CACHE_HOME=str(home / "cache"),
+        XDG_DATA_HOME=str(home / "data"),
+        QT_QPA_PLATFORM="offscreen",
+        HF_HUB_OFFLINE="1",
+        **extra,
+    )
+    env.pop("WORKBENCH_CACHE_DIR", None)
+    return env
+
+
+def run(cmd: list[str], tmp_path: Path, timeout_s: float = 180, **extra: str):
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=tmp_path,
+        env=isolated_env(tmp_path, **extra),
+    )
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [[sys.executable, "-m", "workbench", "--version"], ["workbench", "--version"]],
+    ids=["python -m workbench", "console script"],
+)
+def test_version_from_both_entry_points(cmd, tmp_path):
+    if cmd[0] == "workbench":
+        found = shutil.which("workbench", path=str(Path(sys.executable).parent))
+        cmd = [found or shutil.which("workbench") or pytest.fail("no workbench script"), *cmd[1:]]
+    result = run(cmd, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"workbench {__version__}"
+
+
+def test_help_lists_the_desktop_command(tmp_path):
+    result = run([sys.executable, "-m", "workbench", "--help"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "install-desktop-entry" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "headless"),
+    [
+        ([], False),
+        (["--demo"], False),
+        (["--open", "gpt2"], False),
+        (["--open=gpt2", "-v"], False),
+        (["--version"], True),
+        (["-h"], True),
+        (["plan", "gpt2"], True),
+        (["-v", "inspect", "gpt2"], True),
+    ],
+)
+def test_smoke_hook_only_applies_to_gui_launches(args, headless):
+    assert _is_subcommand(args) is headless
+
+
+def test_integration_modules_import_no_qt(tmp_path):
+    """The CLI's desktop command and the bundle entry load Qt only when a window is wanted."""
+    code = (
+        "import sys, workbench.platform_integration, workbench.commands.desktop; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'shiboken6')); "
+        "print(','.join(bad)); sys.exit(1 if bad else 0)"
+    )
+    result = run([sys.executable, "-c", code], tmp_path)
+    assert result.returncode == 0, f"Qt imported: {result.stdout} {result.stderr}"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="checks the no-op branch")
+def test_app_user_model_id_is_a_no_op_off_windows():
+    assert set_windows_app_user_model_id(APP_ID) is False
+
+
+@pytest.mark.slow
+@pytest.mark.gui
+def test_bundle_entry_opens_a_model_offscreen_and_quits(tmp_path):
+    """What the frozen bundle runs, from source: the smoke hook quits once a model is open."""
+    code = "from workbench.platform_integration import bundle_main; raise SystemExit(bundle_main())"
+    result = run(
+        [sys.executable, "-c", code, "--open", "tiny-llama-demo"],
+        tmp_path,
+        WORKBENCH_SMOKE_TEST="1",
+        WORKBENCH_SMOKE_TIMEOUT_S="120",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "smoke test: opened tiny-llama-demo" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.gui
+def test_bundle_smoke_hook_fails_when_no_model_opens(tmp_path):
+    code = "from workbench.platform_integration import bundle_main; raise SystemExit(bundle_main())"
+    result = run(
+        [sys.executable, "-c", code],  # no model: the window stays empty
+        tmp_path,
+        WORKBENCH_SMOKE_TEST="1",
+        WORKBENCH_SMOKE_TIMEOUT_S="1",
+    )
+    assert result.returncode == SMOKE_FAILED_EXIT, result.stderr
+    assert "no model open after 1 s" in result.stderr
+
+
+def _copy_project(destination: Path) -> Path:
+    """The files a source distribution holds, so the build never writes into the shared tree."""
+    destination.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, destination / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "workbench", destination / "workbench", ignore=ignore)
+    shutil.copytree(ROOT / "resources", destination / "resources", ignore=ignore)
+    return destination
+
+
+@pytest.mark.slow
+def test_clean_pip_install_into_a_fresh_venv_resolves_resources_from_the_wheel(tmp_path):
+    source = _copy_project(tmp_path / "src")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
+    python = bin_dir / ("python.exe" if sys.platform == "win32" else "python")
+
+    install = run(
+        [
+            str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+            "--no-index", str(source),
+        ],
+        tmp_path,
+        timeout_s=240,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stdout + install.stderr
+
+    version = run([str(bin_dir / "workbench"), "--version"], tmp_path)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"workbench {__version__}"
+
+    probe = (
+        "import workbench, workbench.resources as r; "
+        "print(workbench.__file__); print(r.resources_root()); "
+        f"print(r.resource_path('{APP_ID}.desktop')); "
+        "print(r.resource_path('icons', 'hicolor', '48x48', 'apps', '" + APP_ID + ".png')); "
+        "print(r.resource_path('configs', 'tiny-llama-demo.json'))"
+    )
+    located = run([str(python), "-c", probe], tmp_path)
+    assert located.returncode == 0, located.stderr
+    module_file, root, *files = (Path(line) for line in located.stdout.splitlines())
+    assert env_dir in module_file.parents  # the wheel, not this checkout
+    assert root.name == "_resources"
+    assert env_dir in root.parents
+    assert all(root in f.parents and f.is_file() for f in files)
+    source_packages = {
+        p.parent.relative_to(ROOT) for p in (ROOT / "workbench").rglob("__init__.py")
+    }
+    installed = module_file.parent.parent
+    missing = sorted(
+        str(p) for p in source_packages if not (installed / p / "__init__.py").is_file()
+    )
+    assert not missing, f"packages left out of the wheel (add them to pyproject.toml): {missing}"
+
+
+BUNDLE_EXE = (
+    ROOT
+    / "dist"
+    / "model-memory-workbench"
+    / ("workbench.exe" if sys.platform == "win32" else "workbench")
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("WORKBENCH_TEST_BUNDLE") != "1",
+    reason="builds the PyInstaller bundle (minutes); set WORKBENCH_TEST_BUNDLE=1",
+)
+def test_pyinstaller_bundle_starts_and_opens_the_demo(tmp_path):
+    if os.environ.get("WORKBENCH_BUNDLE_REBUILD", "1") == "1" or not BUNDLE_EXE.is_file():
+        build = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build-app")],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            cwd=ROOT,
+        )
+        assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    version = run([str(BUNDLE_EXE), "--version"], tmp_path)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"workbench {__version__}"
+
+    smoke = run(
+        [str(BUNDLE_EXE), "--demo"],
+        tmp_path,
+        timeout_s=900,
+        WORKBENCH_SMOKE_TEST="1",
+        WORKBENCH_SMOKE_TIMEOUT_S="600",
+    )
+    assert smoke.returncode == 0, smoke.stderr[-4000:]
+    assert "smoke test: opened" in smoke.stderr
+    assert "demo-llama-60m" in smoke.stderr
+    resources = BUNDLE_EXE.parent / "_internal" / "resources"
+    assert (resources / f"{APP_ID}.desktop").is_file()
+    assert (resources / "icons" / "app.svg").is_file()
+    qt_libs = {p.name.split(".")[0] for p in BUNDLE_EXE.parent.rglob("libQt6*.so*")}
+    assert not {"libQt6WebEngineCore", "libQt6Quick", "libQt6Qml", "libQt6Multimedia"} & qt_libs

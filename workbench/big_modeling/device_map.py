@@ -1,0 +1,359 @@
+"""Device maps: check one against a model, merge its keys, save and load it as JSON.
+
+The file is the exact ``{"module.name": device}`` JSON that transformers and Accelerate accept
+(devices as ints for GPUs, ``"cpu"``, ``"disk"``, ``"mps"``; ``"cuda:1"`` is read as ``1``).
+``save_device_map(..., **metadata)`` writes a wrapped form that also loads::
+
+    {"format": "workbench-device-map", "version": 1, "model": {...}, "device_map": {...}}
+
+Overlapping keys: in memory (``check_device_map``) the most specific key wins, as in
+transformers (``{"": "cpu", "layers.0": 0}`` puts ``layers.0`` on GPU 0). In *files* a key and
+one of its ancestors naming different devices is rejected, because loaders disagree on which
+wins (transformers applies keys in order, Accelerate's dispatch by depth); the same device twice
+is accepted. Identical keys (duplicates) are always an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from workbench.big_modeling.atomic import atomic_write_text
+from workbench.big_modeling.devices import DeviceValue, normalize_device
+from workbench.big_modeling.errors import BadInputError, DeviceMapError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "check_device_map",
+    "clean_device_map",
+    "load_device_map",
+    "resolve_device_map",
+    "save_device_map",
+]
+
+FORMAT_NAME = "workbench-device-map"
+FORMAT_VERSION = 1
+Device = int | str
+
+
+def _listing(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(repr(name) for name in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def resolve_device_map(
+    model: nn.Module, device_map: Mapping[str, DeviceValue]
+) -> dict[str, Device]:
+    """The device of every parameter and buffer under ``device_map`` (most specific key wins).
+
+    Raises:
+        DeviceMapError: as ``check_device_map``.
+
+    Example:
+        >>> resolve_device_map(nn.Linear(2, 2), {"": "cpu", "bias": 0})
+        {'weight': 'cpu', 'bias': 0}
+    """
+    devices, bad = {}, []
+    for key, value in device_map.items():
+        try:
+            devices[key] = normalize_device(value)
+        except DeviceMapError:
+            bad.append(f"{key!r}: {value!r}")
+    if bad:
+        raise DeviceMapError(
+            f"device_map has {len(bad)} values that are not devices: {', '.join(sorted(bad))}. "
+            "Use an int GPU index, 'cpu', 'disk', 'mps' or 'cuda:N'."
+        )
+    modules = {name for name, _ in model.named_modules(remove_duplicate=False)}
+    tensors = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    tensors += [name for name, _ in model.named_buffers(remove_duplicate=False)]
+    unknown = sorted(key for key in devices if key not in modules and key not in set(tensors))
+    if unknown:
+        raise DeviceMapError(
+            f"device_map names {len(unknown)} keys that are not modules or tensors of "
+            f"{type(model).__name__}: {_listing(unknown)}. Check the spelling or remove them."
+        )
+    resolved: dict[str, Device] = {}
+    uncovered: list[str] = []
+    for name in tensors:
+        key = name
+        while key not in devices:
+            if not key:
+                uncovered.append(name)
+                break
+            key = key.rpartition(".")[0]
+        else:
+            resolved[name] = devices[key]
+    if uncovered:
+        raise DeviceMapError(
+            f"device_map gives no device for {len(uncovered)} tensors: "
+            f"{_listing(sorted(uncovered))}. Add a covering key or a '' entry."
+        )
+    return resolved
+
+
+def check_device_map(model: nn.Module, device_map: Mapping[str, DeviceValue]) -> None:
+    """Check that ``device_map`` places every parameter and buffer of ``model`` exactly once.
+
+    Each tensor is covered by its most specific key (a key that is its name or a dotted prefix
+    of it; ``""`` covers everything). Linear in the number of tensors.
+
+    Raises:
+        DeviceMapError: listing, sorted, the values that are not devices, the keys that are not
+            modules or tensors of the model, or the tensors no key covers.
+
+    Example:
+        >>> check_device_map(nn.Linear(2, 2), {"weight": 0})
+        Traceback (most recent call last):
+        ...
+        workbench.big_modeling.errors.DeviceMapError: device_map gives no device for 1 tensors: 'bias'. Add a covering key or a '' entry.
+    """
+    resolve_device_map(model, device_map)
+
+
+def clean_device_map(
+    device_map: dict[str, DeviceValue], module_name: str = ""
+) -> dict[str, DeviceValue]:
+    """Merge keys under one module that share a device into that module's key.
+
+    ``{"a.0": 0, "a.1": 0, "b": "cpu"}`` becomes ``{"a": 0, "b": "cpu"}``, and a map with one
+    device throughout becomes ``{"": device}`` (only under ``module_name`` when given). Updates
+    ``device_map`` in place and returns it. Linear in the number of keys.
+
+    Example:
+        >>> clean_device_map({"a.0": 0, "a.1": 0, "b": "cpu"})
+        {'a': 0, 'b': 'cpu'}
+    """
+    prefix = f"{module_name}." if module_name else ""
+    inside = [
+        key for key in device_map if not module_name or key == module_name or key.startswith(prefix)
+    ]
+    if not inside:
+        return device_map
+    # A trie of the keys under module_name: node = [children dict, own device or _NONE].
+    root: list[Any] = [{}, _NONE]
+    for key in inside:
+        node = root
+        rest = key[len(prefix) :] if key != module_name else ""
+        for part in rest.split(".") if rest else ():
+            node = node[0].setdefault(part, [{}, _NONE])
+        node[1] = device_map[key]
+    merged: dict[str, DeviceValue] = {}
+    _emit(root, module_name, merged)
+    inside_keys = set(inside)
+    result: dict[str, DeviceValue] = {}
+    for key, device in device_map.items():
+        if key not in inside_keys:
+            result[key] = device
+        elif merged:  # the merged keys take the place of the first key they replace
+            result.update(merged)
+            merged = {}
+    device_map.clear()
+    device_map.update(result)
+    return device_map
+
+
+class _NoDevice:
+    def __repr__(self) -> str:
+        return "<no device>"
+
+
+_NONE = _NoDevice()
+
+
+def _devices_below(node: list[Any], memo: dict[int, tuple[set[Any], int]]) -> tuple[set[Any], int]:
+    """Distinct devices (capped at 2) and key count in ``node``'s subtree, iteratively."""
+    order, stack = [], [node]
+    while stack:
+        current = stack.pop()
+        order.append(current)
+        stack.extend(current[0].values())
+    for current in reversed(order):
+        devices: set[Any] = set()
+        count = 0
+        if current[1] is not _NONE:
+            devices.add(current[1])
+            count = 1
+        for child in current[0].values():
+            child_devices, child_count = memo[id(child)]
+            count += child_count
+            if len(devices) < 2:
+                devices |= child_devices
+        memo[id(current)] = (devices, count)
+    return memo[id(node)]
+
+
+def _emit(root: list[Any], root_name: str, out: dict[str, DeviceValue]) -> None:
+    memo: dict[int, tuple[set[Any], int]] = {}
+    _devices_below(root, memo)
+    stack: list[tuple[list[Any], str]] = [(root, root_name)]
+    while stack:
+        node, name = stack.pop()
+        devices, count = memo[id(node)]
+        if len(devices) == 1 and count > 1:
+            out[name] = next(iter(devices))
+            continue
+        if node[1] is not _NONE:
+            out[name] = node[1]
+        prefix = f"{name}." if name else ""
+        stack.extend((child, prefix + part) for part, child in reversed(node[0].items()))
+
+
+def save_device_map(
+    path: str | Path, device_map: Mapping[str, DeviceValue], **metadata: Any
+) -> None:
+    """Write ``device_map`` as JSON, atomically (temp file + rename).
+
+    Without metadata the file is the plain ``{"module.name": device}`` map transformers and
+    Accelerate read; with metadata (a model fingerprint: name, parameter count, dtype...) it is
+    ``{"format": "workbench-device-map", "version": 1, "model": metadata, "device_map": ...}``.
+
+    Raises:
+        DeviceMapError: for values that are not devices.
+        BadInputError: for metadata JSON cannot hold.
+
+    Example:
+        >>> save_device_map("map.json", {"": 0}, name="llama-3-8b")  # doctest: +SKIP
+    """
+    normalized = {}
+    for key, value in device_map.items():
+        try:
+            normalized[str(key)] = normalize_device(value)
+        except DeviceMapError as error:
+            raise DeviceMapError(f"{path}: key {key!r}: {error}") from None
+    document: Any = normalized
+    if metadata:
+        document = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "model": metadata,
+            "device_map": normalized,
+        }
+    try:
+        text = json.dumps(document, indent=2)
+    except (TypeError, ValueError) as error:
+        raise BadInputError(f"{path}: metadata cannot be written as JSON: {error}") from None
+    atomic_write_text(path, text + "\n")
+
+
+def load_device_map(path: str | Path, model: nn.Module | None = None) -> dict[str, Device]:
+    """Read a device-map file (plain or wrapped form) and return ``{name: device}``.
+
+    Devices come back canonical (``"cuda:1"`` -> ``1``). With ``model``, the map is also
+    checked against it (``check_device_map``): unknown names and uncovered tensors are errors.
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        DeviceMapError: naming the file and the problem: invalid JSON (line and column),
+            duplicate keys, a wrong format or version, values that are not devices, malformed
+            or contradictory keys, names not in the model, uncovered tensors.
+
+    Example:
+        >>> load_device_map("map.json")  # doctest: +SKIP
+        {'model.embed_tokens': 0, 'model.layers': 'cpu', 'lm_head': 'disk'}
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        document = json.loads(text, object_pairs_hook=_reject_duplicates)
+    except _DuplicateKeys as error:
+        raise DeviceMapError(
+            f"{path}: duplicate keys {_listing(error.keys)}; give each module once"
+        ) from None
+    except json.JSONDecodeError as error:
+        raise DeviceMapError(
+            f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+        ) from None
+    raw_map = _unwrap(path, document)
+    device_map = _parse_entries(path, raw_map)
+    if model is not None:
+        try:
+            check_device_map(model, device_map)
+        except DeviceMapError as error:
+            raise DeviceMapError(f"{path}: {error}") from None
+    return device_map
+
+
+class _DuplicateKeys(Exception):
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(keys)
+        self.keys = keys
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    duplicates = sorted({key for key, _ in pairs if key in seen or seen.add(key)})
+    if duplicates:
+        raise _DuplicateKeys(duplicates)
+    return dict(pairs)
+
+
+def _unwrap(path: Path, document: Any) -> dict[str, Any]:
+    if not isinstance(document, dict):
+        raise DeviceMapError(
+            f"{path}: expected a JSON object of module names to devices, found {type(document).__name__}"
+        )
+    if "format" not in document or "device_map" not in document:
+        return document
+    if document["format"] != FORMAT_NAME:
+        raise DeviceMapError(
+            f"{path}: unknown format {document['format']!r}; expected {FORMAT_NAME!r}"
+        )
+    version = document.get("version")
+    if version != FORMAT_VERSION:
+        raise DeviceMapError(
+            f"{path}: {FORMAT_NAME} version {version!r} is not supported; this workbench "
+            f"reads version {FORMAT_VERSION}"
+        )
+    inner = document["device_map"]
+    if not isinstance(inner, dict):
+        raise DeviceMapError(
+            f"{path}: 'device_map' must be an object, found {type(inner).__name__}"
+        )
+    return inner
+
+
+def _parse_entries(path: Path, raw_map: dict[str, Any]) -> dict[str, Device]:
+    device_map: dict[str, Device] = {}
+    bad_devices, bad_keys = [], []
+    for key, value in raw_map.items():
+        if key and (key != key.strip() or any(not part for part in key.split("."))):
+            bad_keys.append(key)
+        if isinstance(value, int | str) and not isinstance(value, bool):
+            try:
+                device_map[key] = normalize_device(value)
+                continue
+            except DeviceMapError:
+                pass
+        bad_devices.append(f"{key!r}: {json.dumps(value)}")
+    if bad_devices:
+        raise DeviceMapError(
+            f"{path}: {len(bad_devices)} entries do not name a device: "
+            f"{', '.join(sorted(bad_devices))}. Use an int GPU index, 'cpu', 'disk', 'mps' or 'cuda:N'."
+        )
+    if bad_keys:
+        raise DeviceMapError(
+            f"{path}: malformed module names {_listing(sorted(bad_keys))}; use dotted names "
+            "like 'model.layers.0' (or '' for the whole model)"
+        )
+    contradictions = []
+    for key, device in device_map.items():
+        parent = key
+        while parent:
+            parent = parent.rpartition(".")[0]
+            if parent in device_map and device_map[parent] != device:
+                contradictions.append(
+                    f"{parent!r} -> {device_map[parent]!r} vs {key!r} -> {device!r}"
+                )
+                break
+    if contradictions:
+        raise DeviceMapError(
+            f"{path}: overlapping keys give different devices: {'; '.join(sorted(contradictions))}. "
+            "Loaders disagree on which wins; list the parts separately instead of their parent."
+        )
+    return device_map

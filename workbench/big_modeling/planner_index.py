@@ -1,0 +1,442 @@
+"""A flat, one-pass index of a module tree: the data the size accounting and planner run on.
+
+``ModuleIndex.build(model)`` walks the modules once (``_modules``, ``_parameters``,
+``_buffers``), numbers them in preorder and sums each module's bytes. Module ``i``'s subtree is
+the position range ``[i, ends[i])``, so "is this module inside that one" is two integer
+comparisons, never a prefix scan. Full names and per-tensor entries are made only on demand
+(``name_of``, ``tensors_of``): the planner needs them for the few modules it splits, and a
+98k-module tree costs little more than one ``named_parameters()`` pass.
+
+The planner passes its no-split classes as ``collapse``: those modules become single nodes whose
+subtree is summed with C-level ``map``/``chain`` instead of numbered module by module, since the
+planner never splits them (on the 48 x 512-expert MoE, ~50 of 98k modules stay numbered).
+"""
+
+from __future__ import annotations
+
+import gc
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import chain, repeat
+from operator import attrgetter, is_not
+
+import torch
+from torch import nn
+
+PARAMETER, BUFFER = 1, 2
+
+
+_GET_MODULES = attrgetter("_modules")
+_GET_PARAMETERS = attrgetter("_parameters")
+_GET_BUFFERS = attrgetter("_buffers")
+_GET_DTYPE = attrgetter("dtype")
+
+
+def _present(groups: Iterable[Iterable[torch.Tensor | None]]) -> list[torch.Tensor]:
+    """The tensors of ``groups``, flattened, without ``None`` (compared by identity)."""
+    return list(filter(partial(is_not, None), chain.from_iterable(groups)))
+
+
+class _CollapseRefused(Exception):
+    """A collapsed module cannot be summarised exactly; index without collapsing."""
+
+
+_SUB_BYTE_BITS = {f"int{bits}": bits for bits in range(1, 8)} | {
+    f"uint{bits}": bits for bits in range(1, 8)
+}
+
+
+def dtype_byte_size(dtype: torch.dtype) -> int | float:
+    """Bytes one element of ``dtype`` takes in memory.
+
+    Sub-byte integer dtypes (``torch.uint4``, ``torch.int2``...) give fractions (``0.5``);
+    fp8 dtypes give ``1``; packed dtypes such as ``torch.float4_e2m1fn_x2`` give the bytes of one
+    packed element (``1``). ``torch.bool`` gives ``1`` because PyTorch stores one byte per bool.
+
+    Example:
+        >>> dtype_byte_size(torch.bfloat16), dtype_byte_size(torch.uint4)
+        (2, 0.5)
+    """
+    bits = _SUB_BYTE_BITS.get(str(dtype).removeprefix("torch."))
+    if bits is not None:
+        return bits / 8
+    return dtype.itemsize
+
+
+def as_dtype(value: torch.dtype | str) -> torch.dtype:
+    """Accept ``torch.float16``, ``"float16"`` or ``"torch.float16"``.
+
+    Raises:
+        BadInputError: for a string that names no torch dtype.
+    """
+    if isinstance(value, torch.dtype):
+        return value
+    candidate = getattr(torch, str(value).strip().removeprefix("torch."), None)
+    if not isinstance(candidate, torch.dtype):
+        from workbench.big_modeling.errors import BadInputError
+
+        raise BadInputError(f"{value!r} is not a torch dtype; use e.g. 'float16' or 'bfloat16'")
+    return candidate
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One direct parameter or buffer of an indexed module."""
+
+    owner: int
+    kind: int  # PARAMETER or BUFFER
+    attr: str
+    nbytes: int  # 0 for the repeated names of a tied parameter (counted at its first name)
+
+
+@dataclass
+class ModuleIndex:
+    """Preorder arrays over the modules of a model (see the module docstring)."""
+
+    modules: list[nn.Module] = field(default_factory=list)
+    short_names: list[str] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    #: bytes of each module's subtree, weights and buffers, under the planning dtype
+    sizes: list[int] = field(default_factory=list)
+    #: modules with direct buffers (ascending) and the running total of those buffers' bytes
+    _buffer_owners: list[int] = field(default_factory=list)
+    _buffer_totals: list[int] = field(default_factory=list)
+    _class_names: list[str] | None = None
+    _collapse: frozenset[str] = frozenset()
+    #: collapsed module position -> the modules of its subtree (for ``leaf_stats``)
+    _collapsed: dict[int, list[nn.Module]] = field(default_factory=dict)
+    _leaves: list[int] | None = None
+    #: groups of tied parameters as (owner position, attribute name), first occurrence first
+    tied_groups: list[list[tuple[int, str]]] = field(default_factory=list)
+    dtype_nbytes: int | float | None = None
+    special_nbytes: dict[str, int | float] = field(default_factory=dict)
+    #: id(tensor) -> position of the module that holds it first
+    _first_owner: dict[int, int] = field(default_factory=dict)
+    _names: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        model: nn.Module,
+        dtype: torch.dtype | str | None = None,
+        special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+        *,
+        collapse: frozenset[str] | set[str] = frozenset(),
+    ) -> ModuleIndex:
+        """Index ``model`` in one walk; sizes use ``dtype``/``special_dtypes`` as loading would.
+
+        ``collapse``: class names (the planner's no-split classes) whose modules are indexed as
+        one node: their subtree is only summed, not numbered, since the planner never looks
+        inside them. Ignored with ``special_dtypes`` (which name inner tensors); a tie that
+        reaches into a collapsed module makes the index fall back to a full walk.
+        """
+        if collapse and not special_dtypes:
+            try:
+                return cls._build(model, dtype, special_dtypes, frozenset(collapse))
+            except _CollapseRefused:
+                pass
+        return cls._build(model, dtype, special_dtypes, frozenset())
+
+    @classmethod
+    def _build(
+        cls,
+        model: nn.Module,
+        dtype: torch.dtype | str | None,
+        special_dtypes: Mapping[str, torch.dtype | str] | None,
+        collapse: frozenset[str],
+    ) -> ModuleIndex:
+        index = cls()
+        index._collapse = collapse
+        index.dtype_nbytes = dtype_byte_size(as_dtype(dtype)) if dtype is not None else None
+        index.special_nbytes = {
+            name: dtype_byte_size(as_dtype(value)) for name, value in (special_dtypes or {}).items()
+        }
+        # The walk allocates few objects, but a cyclic-GC pass over a big model's millions of
+        # objects costs more than the walk itself; pause the collector for its duration.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            index._walk(model)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        index._finish()
+        return index
+
+    def _walk(self, model: nn.Module) -> None:
+        # The hot loop of planning: one iteration per module, so it touches each module's
+        # three dicts once, pushes children with C-level zip (no per-child Python frame) and
+        # leaves class names, full names and per-tensor entries for later (on demand).
+        modules, short_names, parents = self.modules, self.short_names, self.parents
+        sizes, buffer_owners, buffer_totals = self.sizes, self._buffer_owners, self._buffer_totals
+        first_owner = self._first_owner
+        tied: dict[int, list[tuple[int, str]]] = {}
+        itemsizes: dict[torch.dtype, int | float] = {}
+        itemsize_for = self.itemsize_for
+        special = bool(self.special_nbytes)
+        seen: set[int] = set()
+        collapse, collapsed = self._collapse, self._collapsed
+        modules_append, short_names_append = modules.append, short_names.append
+        parents_append, sizes_append = parents.append, sizes.append
+        seen_add = seen.add
+
+        stack: list[tuple[str, nn.Module | None, int]] = [("", model, -1)]
+        pop, push = stack.pop, stack.extend
+        me = -1
+        while stack:
+            short_name, module, parent = pop()
+            if module is None or id(module) in seen:
+                continue  # an empty slot, or a module shared under two names (counted once)
+            seen_add(id(module))
+            me += 1
+            modules_append(module)
+            short_names_append(short_name)
+            parents_append(parent)
+            if collapse and me and type(module).__name__ in collapse:
+                sizes_append(self._sum_collapsed(module, me, itemsizes, seen))
+                continue
+            nbytes = 0
+            for attr, tensor in module._parameters.items():
+                if tensor is None:
+                    continue
+                key = id(tensor)
+                first = first_owner.get(key)
+                if first is None:
+                    first_owner[key] = me
+                    if special:
+                        nbytes += self._tensor_nbytes(me, attr, tensor, itemsizes)
+                        continue
+                    itemsize = itemsizes.get(tensor.dtype)
+                    if itemsize is None:
+                        itemsize = itemsizes[tensor.dtype] = itemsize_for(tensor.dtype)
+                    nbytes += int(tensor.numel() * itemsize)
+                else:  # a tied parameter: counted once, at its first name
+                    if first in collapsed:
+                        raise _CollapseRefused
+                    group = tied.get(key)
+                    if group is None:
+                        group = tied[key] = [(first, self._attr_of(first, tensor))]
+                    group.append((me, attr))
+            if module._buffers:
+                buffer_nbytes = 0
+                for attr, tensor in module._buffers.items():
+                    if tensor is not None and id(tensor) not in first_owner:
+                        first_owner[id(tensor)] = me
+                        buffer_nbytes += self._tensor_nbytes(me, attr, tensor, itemsizes)
+                if buffer_nbytes:
+                    buffer_owners.append(me)
+                    buffer_totals.append(
+                        buffer_nbytes + (buffer_totals[-1] if buffer_totals else 0)
+                    )
+                nbytes += buffer_nbytes
+            sizes_append(nbytes)
+            submodules = module._modules
+            if submodules:
+                push(zip(reversed(submodules), reversed(submodules.values()), repeat(me)))
+        self.tied_groups = list(tied.values())
+
+    def _sum_collapsed(
+        self,
+        block: nn.Module,
+        me: int,
+        itemsizes: dict[torch.dtype, int | float],
+        seen: set[int],
+    ) -> int:
+        """Bytes of ``block``'s subtree, all owned by position ``me``.
+
+        Works level by level with C-level ``map``/``chain`` (a block's modules stay in cache,
+        so the extra passes are cheap). Raises ``_CollapseRefused`` for anything a sum cannot
+        say exactly (a shared module, an empty slot, a tensor held twice): the index is then
+        rebuilt without collapsing.
+        """
+        modules, level = [block], [block]
+        try:
+            while level:
+                level = list(chain.from_iterable(map(dict.values, map(_GET_MODULES, level))))
+                modules += level
+            ids = list(map(id, modules))
+            seen.discard(id(block))  # marked by the caller
+            if len(set(ids)) != len(ids) or not seen.isdisjoint(ids):
+                raise _CollapseRefused
+            seen.update(ids)
+            params = _present(map(dict.values, map(_GET_PARAMETERS, modules)))
+            buffers = _present(map(dict.values, map(_GET_BUFFERS, modules)))
+        except AttributeError:  # None in a module slot
+            raise _CollapseRefused from None
+        first_owner = self._first_owner
+        tensor_ids = list(map(id, chain(params, buffers)))
+        if len(set(tensor_ids)) != len(tensor_ids) or not first_owner.keys().isdisjoint(tensor_ids):
+            raise _CollapseRefused
+        first_owner.update(zip(tensor_ids, repeat(me)))
+        nbytes = self._sum_nbytes(params, itemsizes)
+        buffer_nbytes = self._sum_nbytes(buffers, itemsizes)
+        if buffer_nbytes:
+            totals = self._buffer_totals
+            self._buffer_owners.append(me)
+            totals.append(buffer_nbytes + (totals[-1] if totals else 0))
+        self._collapsed[me] = modules
+        return nbytes + buffer_nbytes
+
+    def _sum_nbytes(
+        self, tensors: list[torch.Tensor], itemsizes: dict[torch.dtype, int | float]
+    ) -> int:
+        if not tensors:
+            return 0
+        dtypes = set(map(_GET_DTYPE, tensors))
+        if len(dtypes) == 1:
+            (dtype,) = dtypes
+            itemsize = itemsizes.get(dtype)
+            if itemsize is None:
+                itemsize = itemsizes[dtype] = self.itemsize_for(dtype)
+            if isinstance(itemsize, int):  # sub-byte sizes round per tensor, below
+                return sum(map(torch.Tensor.numel, tensors)) * itemsize
+        return sum(self._tensor_nbytes(0, "", tensor, itemsizes) for tensor in tensors)
+
+    def _tensor_nbytes(
+        self, owner: int, attr: str, tensor: torch.Tensor, itemsizes: dict[torch.dtype, int | float]
+    ) -> int:
+        itemsize = self._special_itemsize(owner, attr) if self.special_nbytes else None
+        if itemsize is None:
+            itemsize = itemsizes.get(tensor.dtype)
+            if itemsize is None:
+                itemsize = itemsizes[tensor.dtype] = self.itemsize_for(tensor.dtype)
+        return int(tensor.numel() * itemsize)
+
+    def _attr_of(self, owner: int, tensor: torch.Tensor) -> str:
+        """The first attribute name under which module ``owner`` holds ``tensor``."""
+        return next(
+            attr for attr, held in self.modules[owner]._parameters.items() if held is tensor
+        )
+
+    def _finish(self) -> None:
+        # Children follow their parent in preorder, so a reverse sweep sees every module after
+        # its whole subtree: it adds the subtree's bytes to the parent, and the first child met
+        # (the last child) carries the parent's end.
+        count = len(self.modules)
+        ends = list(range(1, count + 1))
+        sizes, parents = self.sizes, self.parents
+        for position in range(count - 1, 0, -1):
+            parent = parents[position]
+            sizes[parent] += sizes[position]
+            if ends[parent] == parent + 1:
+                ends[parent] = ends[position]
+        self.ends = ends
+
+    @property
+    def class_names(self) -> list[str]:
+        """Class name of each module, in preorder (made on first use)."""
+        names = self._class_names
+        if names is None:
+            names = self._class_names = [type(module).__name__ for module in self.modules]
+        return names
+
+    def leaf_positions(self) -> list[int]:
+        """Positions of the modules without child modules, root excluded (made on first use)."""
+        leaves = self._leaves
+        if leaves is None:
+            ends = self.ends
+            leaves = self._leaves = [p for p in range(1, len(ends)) if ends[p] == p + 1]
+        return leaves
+
+    def leaf_stats(self) -> tuple[int, int]:
+        """``(count, total bytes)`` of the leaf modules holding bytes, inside collapsed ones too."""
+        sizes, collapsed = self.sizes, self._collapsed
+        leaf_sizes = [sizes[p] for p in self.leaf_positions() if sizes[p] and p not in collapsed]
+        itemsizes: dict[torch.dtype, int | float] = {}
+        for modules in collapsed.values():
+            for module in modules:
+                if not module._modules:
+                    tensors = _present([module._parameters.values(), module._buffers.values()])
+                    nbytes = self._sum_nbytes(tensors, itemsizes) if tensors else 0
+                    if nbytes:
+                        leaf_sizes.append(nbytes)
+        return len(leaf_sizes), sum(leaf_sizes)
+
+    # -- sizes ------------------------------------------------------------------------------
+
+    def itemsize_for(self, stored: torch.dtype) -> int | float:
+        """Bytes per element once loaded: floating tensors take ``dtype``, others their own."""
+        if self.dtype_nbytes is None or not (stored.is_floating_point or stored.is_complex):
+            return dtype_byte_size(stored)
+        return self.dtype_nbytes
+
+    def _special_itemsize(self, owner: int, attr: str) -> int | float | None:
+        return self.special_nbytes.get(self.tensor_name(owner, attr))
+
+    def tensors_of(self, owner: int) -> list[TensorEntry]:
+        """Direct parameters then direct buffers of module ``owner``, with their bytes."""
+        module = self.modules[owner]
+        entries, counted = [], set()
+        for tensors, kind in ((module._parameters, PARAMETER), (module._buffers, BUFFER)):
+            for attr, tensor in tensors.items():
+                if tensor is None:
+                    continue
+                nbytes = 0
+                if self._first_owner.get(id(tensor)) == owner and id(tensor) not in counted:
+                    counted.add(id(tensor))
+                    itemsize = self._special_itemsize(owner, attr) if self.special_nbytes else None
+                    if itemsize is None:
+                        itemsize = self.itemsize_for(tensor.dtype)
+                    nbytes = int(tensor.numel() * itemsize)
+                entries.append(TensorEntry(owner, kind, attr, nbytes))
+        return entries
+
+    def child_positions(self, position: int) -> list[int]:
+        """Positions of the child modules of module ``position``, in order."""
+        result, child, end = [], position + 1, self.ends[position]
+        while child < end:
+            result.append(child)
+            child = self.ends[child]
+        return result
+
+    def has_children(self, position: int) -> bool:
+        """True when module ``position`` has at least one child module."""
+        return self.ends[position] > position + 1
+
+    def buffer_nbytes(self, position: int) -> int:
+        """Bytes of the buffers in module ``position``'s subtree."""
+        owners, totals = self._buffer_owners, self._buffer_totals
+        low = bisect_left(owners, position)
+        high = bisect_left(owners, self.ends[position])
+        if high == low:
+            return 0
+        return totals[high - 1] - (totals[low - 1] if low else 0)
+
+    def depth_of(self, position: int) -> int:
+        """Number of ancestors of module ``position``."""
+        depth = 0
+        while position > 0:
+            position = self.parents[position]
+            depth += 1
+        return depth
+
+    # -- names ------------------------------------------------------------------------------
+
+    def name_of(self, position: int) -> str:
+        """Full dotted name of module ``position`` (``""`` for the root)."""
+        name = self._names.get(position)
+        if name is None:
+            parent = self.parents[position]
+            if parent <= 0:
+                name = self.short_names[position]
+            else:
+                name = f"{self.name_of(parent)}.{self.short_names[position]}"
+            self._names[position] = name
+        return name
+
+    def tensor_name(self, owner: int, attr: str) -> str:
+        """Full dotted name of tensor ``attr`` of module ``owner``."""
+        prefix = self.name_of(owner)
+        return f"{prefix}.{attr}" if prefix else attr
+
+    def all_sizes(self) -> dict[str, int]:
+        """``{name: nbytes}`` for every module and tensor, ``""`` for the whole model."""
+        result: dict[str, int] = {}
+        for position in range(len(self.modules)):
+            result[self.name_of(position)] = self.sizes[position]
+            for entry in self.tensors_of(position):
+                result[self.tensor_name(position, entry.attr)] = entry.nbytes
+        return result

@@ -1,0 +1,262 @@
+"""Size accounting: bytes per module, dtype sizes, memory strings and the memory on each device.
+
+Everything here except ``get_max_memory`` is a pure function of shapes and dtypes, so it runs on
+models built under ``init_empty_weights``. ``get_max_memory`` is the one function in the engine
+that looks at real hardware.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from workbench.big_modeling.devices import DeviceValue, device_sort_key, normalize_device
+from workbench.big_modeling.errors import BadInputError, MemoryBudgetError
+from workbench.big_modeling.planner_index import (
+    ModuleIndex,
+    as_dtype,
+    dtype_byte_size,
+)
+
+__all__ = [
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
+    "convert_file_size_to_int",
+    "dtype_byte_size",
+    "find_tied_parameters",
+    "format_nbytes",
+    "get_max_layer_size",
+    "get_max_memory",
+]
+
+logger = logging.getLogger(__name__)
+
+DType = torch.dtype | str
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE_TEXT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """Convert a memory size to bytes.
+
+    Accepts ints (bytes) and strings with a decimal unit (``KB``, ``MB``, ``GB``, ``TB``: powers
+    of 1000) or a binary one (``KiB``, ``MiB``, ``GiB``, ``TiB``: powers of 1024), in any case,
+    with optional spaces and decimals: ``"1.5 GB"`` is 1,500,000,000.
+
+    Raises:
+        BadInputError: for negative sizes, booleans, or text such as ``"ten gigs"``.
+
+    Example:
+        >>> convert_file_size_to_int("1.5 GiB"), convert_file_size_to_int("500MB")
+        (1610612736, 500000000)
+    """
+    if isinstance(size, bool):
+        raise BadInputError(f"{size!r} is not a memory size; use bytes or a string like '24GiB'")
+    if isinstance(size, int | float):
+        if size < 0:
+            raise BadInputError(f"memory size {size} is negative; use 0 or more bytes")
+        return int(size)
+    if isinstance(size, str):
+        match = _SIZE_TEXT.match(size)
+        if match and match.group(2).lower() in _UNITS:
+            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    raise BadInputError(
+        f"{size!r} is not a memory size; use bytes (an int) or a number with a unit: "
+        "KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), e.g. '24GiB', '1.5 GB'"
+    )
+
+
+def compute_module_sizes(
+    model: nn.Module,
+    dtype: DType | None = None,
+    special_dtypes: Mapping[str, DType] | None = None,
+) -> dict[str, int]:
+    """Bytes of every module and tensor of ``model``, once its weights are loaded.
+
+    One pass over the tree. Keys are every module name, every parameter and buffer name, and
+    ``""`` for the whole model. A tied parameter is counted once, under the name met first.
+
+    Args:
+        model: the model (its weights may be on ``meta``).
+        dtype: the dtype floating weights will be loaded in; integer and bool tensors keep
+            their own size.
+        special_dtypes: per-tensor dtypes that override ``dtype`` (e.g. ``{"lm_head.weight":
+            torch.float32}``).
+
+    Returns:
+        ``{name: nbytes}``.
+
+    Example:
+        >>> compute_module_sizes(nn.Linear(4, 2))  # 2*4*4 B + 2*4 B
+        {'': 40, 'weight': 32, 'bias': 8}
+    """
+    return ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes).all_sizes()
+
+
+def compute_module_total_buffer_size(
+    model: nn.Module,
+    dtype: DType | None = None,
+    special_dtypes: Mapping[str, DType] | None = None,
+) -> int:
+    """Total bytes of every buffer in ``model`` (all depths), under ``dtype`` as above.
+
+    Example:
+        >>> compute_module_total_buffer_size(nn.BatchNorm1d(3))  # 2 * 3 * 4 B + 8 B (int64)
+        32
+    """
+    dtype_nbytes = dtype_byte_size(as_dtype(dtype)) if dtype is not None else None
+    special = {name: as_dtype(value) for name, value in (special_dtypes or {}).items()}
+    total = 0
+    for name, buffer in model.named_buffers():
+        if name in special:
+            itemsize = dtype_byte_size(special[name])
+        elif dtype_nbytes is not None and buffer.is_floating_point():
+            itemsize = dtype_nbytes
+        else:
+            itemsize = dtype_byte_size(buffer.dtype)
+        total += int(buffer.numel() * itemsize)
+    return total
+
+
+def get_max_layer_size(
+    modules: list[tuple[str, nn.Module]],
+    module_sizes: Mapping[str, int],
+    no_split_module_classes: list[str] | None,
+) -> tuple[int, list[str]]:
+    """The largest *layer* among ``modules``, and the names of every layer of that size.
+
+    A layer is a module without child modules, or one whose class is in
+    ``no_split_module_classes`` (it is not looked into). Linear in the number of modules walked.
+
+    Returns:
+        ``(max_nbytes, names)``.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> get_max_layer_size(list(model.named_children()), compute_module_sizes(model), [])
+        (80, ['0'])
+    """
+    no_split = set(no_split_module_classes or ())
+    max_nbytes, names = 0, []
+    stack = list(reversed(modules))
+    while stack:
+        name, module = stack.pop()
+        children = list(module.named_children()) if isinstance(module, nn.Module) else []
+        if not children or type(module).__name__ in no_split:
+            nbytes = module_sizes.get(name, 0)
+            if nbytes > max_nbytes:
+                max_nbytes, names = nbytes, [name]
+            elif nbytes == max_nbytes:
+                names.append(name)
+        else:
+            stack.extend((f"{name}.{child}", sub) for child, sub in reversed(children))
+    return max_nbytes, names
+
+
+def find_tied_parameters(model: nn.Module) -> list[list[str]]:
+    """Groups of parameter names that share one ``Parameter`` object (tied weights).
+
+    Returns:
+        A sorted list of sorted name lists, only groups of two names or more.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        >>> model[1].weight = model[0].weight
+        >>> find_tied_parameters(model)
+        [['0.weight', '1.weight']]
+    """
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return sorted(sorted(names) for names in groups.values() if len(names) > 1)
+
+
+def format_nbytes(nbytes: int | float) -> str:
+    """Bytes in binary units with the unit always shown: ``"1.6 GiB"``, ``"512 B"``.
+
+    Example:
+        >>> format_nbytes(1717986918), format_nbytes(512)
+        ('1.6 GiB', '512 B')
+    """
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def get_max_memory(
+    max_memory: Mapping[DeviceValue, int | str] | None = None,
+) -> dict[int | str, int]:
+    """Bytes usable on each device, in planning order (GPUs by index, mps, cpu, disk).
+
+    With ``max_memory`` given, only converts and orders it — the devices need not exist, which
+    is what makes what-if planning work (``{0: "24GiB", 1: "24GiB", "cpu": "64GiB"}`` on a
+    machine with no GPU). The caller's dict is never modified. With ``None``, detects what is
+    free now: ``torch.cuda.mem_get_info`` per visible GPU and ``psutil`` available RAM for
+    ``"cpu"``. This is the only function of the engine that touches hardware.
+
+    Raises:
+        BadInputError: for a key that is not a device or a value that is not a size (all
+            offenders listed, sorted).
+
+    Example:
+        >>> get_max_memory({"cpu": "1GiB", "cuda:1": 100, 0: "1KB"})
+        {0: 1000, 1: 100, 'cpu': 1073741824}
+    """
+    if max_memory is None:
+        return _detect_free_memory()
+    converted: dict[int | str, int] = {}
+    problems: list[str] = []
+    for key, value in max_memory.items():
+        try:
+            device = normalize_device(key)
+        except BadInputError as error:
+            problems.append(f"key {key!r}: {error}")
+            continue
+        try:
+            converted[device] = convert_file_size_to_int(value)
+        except BadInputError as error:
+            problems.append(f"{key!r}: {error}")
+    if problems:
+        raise MemoryBudgetError(
+            f"max_memory has {len(problems)} bad entries: " + "; ".join(sorted(problems))
+        )
+    return {device: converted[device] for device in sorted(converted, key=device_sort_key)}
+
+
+def _detect_free_memory() -> dict[int | str, int]:
+    import psutil
+
+    detected: dict[int | str, int] = {}
+    if torch.cuda.is_available():
+        for device_index in range(torch.cuda.device_count()):
+            try:
+                free_nbytes, _ = torch.cuda.mem_get_info(device_index)
+            except RuntimeError as error:  # a GPU taken by another process, or broken
+                logger.info("cuda:%d is not usable (%s); skipping it", device_index, error)
+                continue
+            detected[device_index] = int(free_nbytes)
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        detected["mps"] = int(psutil.virtual_memory().available)
+    else:
+        detected["cpu"] = int(psutil.virtual_memory().available)
+    return detected

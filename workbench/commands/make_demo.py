@@ -1,0 +1,72 @@
+"""``workbench make-demo DIR``: write a demo checkpoint (config, sharded safetensors, tokenizer)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "make-demo",
+        help="write a small demo model folder (Hugging Face format)",
+        description="Write a Hugging Face-format demo model: config.json, sharded safetensors "
+        "with an index, and a tokenizer made offline. The same arguments give the same bytes.",
+    )
+    parser.add_argument("folder", help="folder to create (must not exist or be empty)")
+    parser.add_argument("--arch", default="llama", help="llama, gpt2 or bert (default llama)")
+    parser.add_argument("--params", default="60M", help="approximate parameter count (default 60M)")
+    parser.add_argument(
+        "--shards", type=int, default=4, help="number of safetensors files (default 4)"
+    )
+    parser.add_argument("--dtype", default="float16", help="stored dtype (default float16)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random seed for the weights (default 0)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from workbench.commands.inspect import format_count, format_nbytes, stage_progress
+    from workbench.models.demo import make_demo
+    from workbench.models.intake import open_model
+
+    with stage_progress(2, quiet=args.json, desc=f"making {args.arch} demo") as bar:
+        folder = make_demo(
+            args.folder,
+            arch=args.arch,
+            params=args.params,
+            shards=args.shards,
+            dtype=args.dtype,
+            seed=args.seed,
+            overwrite=args.overwrite,
+        )
+        bar.update(1)
+        opened = open_model(folder)
+        bar.update(1)
+    root = opened.tree.root
+    files = sorted(path.name for path in folder.iterdir())
+    if args.json:
+        data = {
+            "folder": str(folder),
+            "arch": args.arch,
+            "model_class": opened.model_class,
+            "params": root.param_count,
+            "stored_nbytes": root.stored_nbytes,
+            "shards": len(opened.checkpoint.files) if opened.checkpoint else 0,
+            "files": files,
+        }
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(
+        f"wrote {opened.model_class} demo to {folder}: {format_count(root.param_count)} params, "
+        f"{format_nbytes(root.stored_nbytes)} in {len(opened.checkpoint.files) if opened.checkpoint else 0} "
+        f"shard(s), seed {args.seed}"
+    )
+    print(f"files: {', '.join(files)}")
+    print(f"next:  workbench inspect {folder}   |   workbench --open {folder}")
+    return 0

@@ -1,0 +1,81 @@
+"""One colour per device, the same everywhere: tree chips, lanes, plot lines.
+
+Colours are picked to stay readable on light and dark palettes (mid-saturation hues). GPUs
+cycle through a fixed list by index, so ``cuda:0`` is always the same blue in every widget and
+plot of the app.
+
+Example:
+    >>> from workbench.gui.colors import device_color
+    >>> device_color(0).name()  # doctest: +SKIP
+    '#3b82f6'
+"""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QColor
+
+from workbench.big_modeling.devices import normalize_device
+
+_GPU_HEXES = (
+    "#3b82f6",  # blue
+    "#10b981",  # green
+    "#8b5cf6",  # violet
+    "#f59e0b",  # amber
+    "#ec4899",  # pink
+    "#14b8a6",  # teal
+    "#6366f1",  # indigo
+    "#84cc16",  # lime
+)
+_NAMED_HEXES = {
+    "cpu": "#f97316",  # orange
+    "disk": "#78716c",  # stone grey
+    "mps": "#0ea5e9",  # sky
+    "meta": "#a1a1aa",  # zinc
+}
+_UNKNOWN_HEX = "#a1a1aa"
+OVER_BUDGET_HEX = "#dc2626"  # red: over-budget lanes, invalid maps
+RESERVE_HEX = "#fbbf24"  # the reserved share of a lane's capacity bar
+MIXED_HEX = "#9ca3af"  # a module whose subtree is split over several devices
+
+
+def device_color(device: int | str | object) -> QColor:
+    """Return the colour of ``device`` (any device value: ``0``, ``"cuda:1"``, ``"cpu"``, ...).
+
+    Args:
+        device: a device value as accepted by ``normalize_device``.
+
+    Returns:
+        A new ``QColor``; unknown or invalid devices get a neutral grey.
+
+    Example:
+        >>> device_color("cuda:0") == device_color(0)  # doctest: +SKIP
+        True
+    """
+    try:
+        canonical = normalize_device(device)  # type: ignore[arg-type]
+    except ValueError:
+        return QColor(_UNKNOWN_HEX)
+    if isinstance(canonical, int):
+        return QColor(_GPU_HEXES[canonical % len(_GPU_HEXES)])
+    return QColor(_NAMED_HEXES.get(canonical.split(":")[0], _UNKNOWN_HEX))
+
+
+def text_color_on(background: QColor) -> QColor:
+    """Return black or white, whichever reads better on ``background``."""
+    luminance = 0.299 * background.redF() + 0.587 * background.greenF() + 0.114 * background.blueF()
+    return QColor("#000000") if luminance > 0.6 else QColor("#ffffff")
+
+
+def over_budget_color() -> QColor:
+    """Return the colour of over-budget lanes and invalid-map badges."""
+    return QColor(OVER_BUDGET_HEX)
+
+
+def reserve_color() -> QColor:
+    """Return the colour of the reserved share of a capacity bar."""
+    return QColor(RESERVE_HEX)
+
+
+def mixed_color() -> QColor:
+    """Return the colour of a module whose subtree spans several devices."""
+    return QColor(MIXED_HEX)

@@ -1,0 +1,359 @@
+"""Device lanes: one per device of the hardware profile, each a capacity bar and its blocks.
+
+A lane accepts module rows dragged from the tree (``MODULES_MIME``); while dragging it says
+whether the drop is allowed and why not (no-split module, unknown row). A drop calls the
+window's move handler, which pushes one undo command; the lane never edits the session.
+
+Example:
+    >>> lanes = LanesWidget(move_handler=lambda names, device: None)  # doctest: +SKIP
+    >>> lanes.update_lanes(tree, device_map, budgets, reserve_bytes=0, reserve_device=0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from PySide6.QtCore import QMimeData, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QDragEnterEvent, QDragMoveEvent, QDropEvent, QPainter, QPaintEvent
+from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
+
+from workbench.big_modeling.devices import device_label, device_sort_key
+from workbench.gui.colors import device_color, over_budget_color, reserve_color
+from workbench.gui.formatting import format_bytes
+from workbench.gui.map_edit import MapIndex, MoveRefused, compact_names, move_modules
+from workbench.gui.tree_model import names_from_mime
+from workbench.models.tree import ModuleTree
+
+MoveHandler = Callable[[list[str], int | str], str | None]  # returns an error message or None
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """What one lane shows.
+
+    Attributes:
+        device: canonical device value.
+        title: e.g. ``"cuda:0 · NVIDIA H100"``.
+        used_bytes: planning bytes placed on the device.
+        budget_bytes: the device budget (0 = unknown).
+        reserve_bytes: bytes kept free for activations on this device.
+        blocks: compacted names of the map entries on the device.
+        in_profile: False for a device the map uses but the profile lacks.
+    """
+
+    device: int | str
+    title: str
+    used_bytes: int
+    budget_bytes: int
+    reserve_bytes: int
+    blocks: tuple[str, ...]
+    in_profile: bool = True
+
+    @property
+    def excess_bytes(self) -> int:
+        """Bytes over budget (0 when it fits; an unknown budget never overflows)."""
+        if self.budget_bytes <= 0:
+            return 0
+        return max(0, self.used_bytes + self.reserve_bytes - self.budget_bytes)
+
+    @property
+    def over_budget(self) -> bool:
+        return self.excess_bytes > 0 or not self.in_profile
+
+
+class CapacityBar(QWidget):
+    """Used / budget with the reserved share drawn separately; red with the excess when over."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._state: LaneState | None = None
+        self.setMinimumHeight(18)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def sizeHint(self) -> QSize:
+        return QSize(240, 18)
+
+    def set_state(self, state: LaneState) -> None:
+        self._state = state
+        self.setToolTip(_bar_tooltip(state))
+        self.update()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        state = self._state
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        rect = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
+        base = self.palette().base().color()
+        painter.setPen(self.palette().mid().color())
+        painter.setBrush(base)
+        painter.drawRoundedRect(rect, 4, 4)
+        if state is None:
+            return
+        total = max(state.budget_bytes, state.used_bytes + state.reserve_bytes, 1)
+        inner = rect.adjusted(1, 1, -1, -1)
+        used_w = inner.width() * min(state.used_bytes, total) / total
+        fill = over_budget_color() if state.over_budget else device_color(state.device)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(fill)
+        painter.drawRoundedRect(QRectF(inner.left(), inner.top(), used_w, inner.height()), 3, 3)
+        if state.reserve_bytes:
+            reserve_w = inner.width() * state.reserve_bytes / total
+            reserve = reserve_color()
+            painter.setBrush(QColor(reserve.red(), reserve.green(), reserve.blue(), 170))
+            painter.drawRect(QRectF(inner.left() + used_w, inner.top(), reserve_w, inner.height()))
+        if state.budget_bytes and state.excess_bytes:
+            limit_x = inner.left() + inner.width() * state.budget_bytes / total
+            painter.setPen(self.palette().text().color())
+            painter.drawLine(int(limit_x), int(inner.top()), int(limit_x), int(inner.bottom()))
+
+
+def _bar_tooltip(state: LaneState) -> str:
+    lines = [f"{format_bytes(state.used_bytes)} placed on {device_label(state.device)}"]
+    if state.reserve_bytes:
+        lines.append(f"{format_bytes(state.reserve_bytes)} reserved for activations / KV cache")
+    if state.budget_bytes:
+        lines.append(f"budget {format_bytes(state.budget_bytes)}")
+    if state.excess_bytes:
+        lines.append(f"over budget by {format_bytes(state.excess_bytes)}")
+    if not state.in_profile:
+        lines.append("this device is not in the hardware profile")
+    return "\n".join(lines)
+
+
+class DeviceLaneWidget(QFrame):
+    """One device: title, used/budget figures, capacity bar, blocks; a drop target."""
+
+    drag_hint = Signal(str)
+
+    def __init__(self, device: int | str, lanes: LanesWidget) -> None:
+        super().__init__(lanes)
+        self.device = device
+        self._lanes = lanes
+        self.state: LaneState | None = None
+        self.setObjectName(f"lane_{device_label(device).replace(':', '_')}")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setAcceptDrops(True)
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.title_label = QLabel(self)
+        self.figures_label = QLabel(self)
+        self.figures_label.setWordWrap(True)
+        self.bar = CapacityBar(self)
+        self.blocks_label = QLabel(self)
+        self.blocks_label.setWordWrap(True)
+        self.blocks_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 6, 8, 6)
+        layout.setSpacing(3)
+        layout.addWidget(self.title_label)
+        layout.addWidget(self.bar)
+        layout.addWidget(self.figures_label)
+        layout.addWidget(self.blocks_label)
+
+    def set_state(self, state: LaneState) -> None:
+        """Show ``state``: figures, bar, blocks; red with the excess when over budget."""
+        self.state = state
+        chip = device_color(state.device).name()
+        self.title_label.setText(f"<span style='color:{chip}'>■</span> <b>{state.title}</b>")
+        figures = format_bytes(state.used_bytes)
+        if state.reserve_bytes:
+            figures += f" + {format_bytes(state.reserve_bytes)} reserve"
+        if state.budget_bytes:
+            figures += f" / {format_bytes(state.budget_bytes)}"
+        if state.excess_bytes:
+            red = over_budget_color().name()
+            figures = f"<span style='color:{red}'><b>{figures} — over by {format_bytes(state.excess_bytes)}</b></span>"
+        elif not state.in_profile:
+            figures += " — not in profile"
+        self.figures_label.setText(figures)
+        self.bar.set_state(state)
+        blocks = ", ".join(state.blocks) if state.blocks else "(empty)"
+        if len(blocks) > 400:
+            blocks = blocks[:400] + f"… ({len(state.blocks)} blocks)"
+        self.blocks_label.setText(blocks)
+        self.blocks_label.setToolTip("\n".join(state.blocks[:200]))
+        self.setProperty("overBudget", state.over_budget)
+        self.style().unpolish(self)
+        self.style().polish(self)
+
+    # --- drops ------------------------------------------------------------------------------
+
+    def refusal(self, mime: QMimeData) -> str | None:
+        """Return why dropping ``mime`` here is refused, or ``None`` when it is allowed."""
+        names = names_from_mime(mime)
+        if not names:
+            return "drop module rows from the tree"
+        tree, device_map = self._lanes.tree, self._lanes.device_map
+        if tree is None:
+            return "open a model first"
+        try:
+            move_modules(tree, device_map, names, self.device)
+        except MoveRefused as exc:
+            return str(exc)
+        return None
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if names_from_mime(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dragMoveEvent(self, event: QDragMoveEvent) -> None:
+        reason = self.refusal(event.mimeData())
+        if reason is None:
+            count = len(names_from_mime(event.mimeData()))
+            self.drag_hint.emit(f"Drop to move {count} module(s) to {device_label(self.device)}")
+            event.acceptProposedAction()
+        else:
+            self.drag_hint.emit(f"Cannot drop on {device_label(self.device)}: {reason}")
+            event.ignore()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        if self.dropMimeData(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropMimeData(self, mime: QMimeData) -> bool:
+        """Move the modules ``mime`` carries to this lane's device; return whether it moved.
+
+        A refused move reports its reason through the lanes' ``move_refused`` signal.
+        """
+        names = names_from_mime(mime)
+        if not names:
+            return False
+        error = self._lanes.request_move(names, self.device)
+        return error is None
+
+
+class LanesWidget(QWidget):
+    """All lanes plus the problems line (uncovered modules, unknown names)."""
+
+    move_refused = Signal(str)
+    drag_hint = Signal(str)
+
+    def __init__(
+        self, move_handler: MoveHandler | None = None, parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.move_handler = move_handler
+        self.tree: ModuleTree | None = None
+        self.device_map: dict[str, int | str] = {}
+        self.lanes: list[DeviceLaneWidget] = []
+        self.problems: list[str] = []
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(4, 4, 4, 4)
+        self._layout.setSpacing(6)
+        self.problems_label = QLabel(self)
+        self.problems_label.setWordWrap(True)
+        self.problems_label.setObjectName("problemsLabel")
+        self._layout.addWidget(self.problems_label)
+        self._layout.addStretch(1)
+
+    def lane(self, device: int | str) -> DeviceLaneWidget:
+        """Return the lane of ``device``.
+
+        Raises:
+            KeyError: naming the devices that have lanes.
+        """
+        for lane in self.lanes:
+            if lane.device == device:
+                return lane
+        have = ", ".join(device_label(lane.device) for lane in self.lanes)
+        raise KeyError(f"no lane for {device!r}; lanes: {have}")
+
+    @property
+    def is_valid(self) -> bool:
+        """True when every module is covered and no lane is over budget."""
+        return not self.problems
+
+    def request_move(self, names: list[str], device: int | str) -> str | None:
+        """Ask the handler to move ``names``; return the refusal message or ``None``."""
+        if self.move_handler is None:
+            return "no model is open"
+        error = self.move_handler(names, device)
+        if error:
+            self.move_refused.emit(error)
+        return error
+
+    def update_lanes(
+        self,
+        tree: ModuleTree | None,
+        device_map: Mapping[str, int | str],
+        budgets: Mapping[int | str, int],
+        *,
+        reserve_bytes: int = 0,
+        reserve_device: int | str | None = None,
+        titles: Mapping[int | str, str] | None = None,
+    ) -> None:
+        """Rebuild every lane's state from the map, budgets and reserve."""
+        self.tree = tree
+        self.device_map = dict(device_map)
+        titles = titles or {}
+        index = MapIndex(tree, device_map) if tree is not None else None
+        used = index.per_device_bytes() if index is not None else {}
+        devices = sorted(set(budgets) | set(used), key=device_sort_key)
+        states = []
+        for device in devices:
+            blocks = compact_names(index.entries_on(device)) if index is not None else []
+            label = device_label(device)
+            states.append(
+                LaneState(
+                    device=device,
+                    title=f"{label} · {titles[device]}" if titles.get(device) else label,
+                    used_bytes=used.get(device, 0),
+                    budget_bytes=int(budgets.get(device, 0)),
+                    reserve_bytes=reserve_bytes if device == reserve_device else 0,
+                    blocks=tuple(blocks),
+                    in_profile=device in budgets,
+                )
+            )
+        self._sync_lane_widgets([s.device for s in states])
+        for lane, state in zip(self.lanes, states, strict=True):
+            lane.set_state(state)
+        self.problems = self._problems(index, states)
+        self._show_problems()
+
+    def _problems(self, index: MapIndex | None, states: list[LaneState]) -> list[str]:
+        if index is None:
+            return []
+        problems = []
+        uncovered = index.uncovered(limit=21)
+        if uncovered:
+            shown = ", ".join(compact_names(uncovered[:20]))
+            more = " …" if len(uncovered) > 20 else ""
+            problems.append(f"{len(uncovered)}{'+' if more else ''} uncovered: {shown}{more}")
+        unknown = index.unknown_names()
+        if unknown:
+            problems.append(f"unknown names: {', '.join(unknown[:20])}")
+        for state in states:
+            if state.excess_bytes:
+                problems.append(
+                    f"{device_label(state.device)} over budget by {format_bytes(state.excess_bytes)}"
+                )
+            elif not state.in_profile:
+                problems.append(f"{device_label(state.device)} is not in the hardware profile")
+        return problems
+
+    def _show_problems(self) -> None:
+        if not self.problems:
+            self.problems_label.setText("✔ map valid")
+            self.problems_label.setStyleSheet("")
+            return
+        red = over_budget_color().name()
+        self.problems_label.setText("⚠ " + "<br>⚠ ".join(self.problems))
+        self.problems_label.setStyleSheet(f"color: {red};")
+
+    def _sync_lane_widgets(self, devices: list[int | str]) -> None:
+        if [lane.device for lane in self.lanes] == devices:
+            return
+        for lane in self.lanes:
+            self._layout.removeWidget(lane)
+            lane.hide()  # deleteLater runs later; a shown old lane would overlap the new ones
+            lane.deleteLater()
+        self.lanes = []
+        for position, device in enumerate(devices):
+            lane = DeviceLaneWidget(device, self)
+            lane.drag_hint.connect(self.drag_hint)
+            self._layout.insertWidget(position, lane)
+            self.lanes.append(lane)

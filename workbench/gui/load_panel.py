@@ -1,0 +1,381 @@
+"""Load & dispatch from the GUI: progress in the status bar, cancel, unload, errors, staleness.
+
+``LoadController`` sends the session's device map to the worker through a ``WorkerBridge``,
+follows the load's events, and shows failures in a non-modal dialog (the app keeps running and
+the map is never touched). While a model is loaded it compares the session's map with the one
+that was loaded and, when they differ, marks the model "changed since load" and offers Reload.
+
+``LoadProgressWidget`` is the status-bar piece: phase, bytes done/total, current tensor, ETA,
+a progress bar, Cancel, and the Reload offer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QWidget,
+)
+
+from workbench.gui.bridge import WorkerBridge
+from workbench.gui.formatting import format_bytes
+from workbench.runtime.protocol import Failed, LoadSummary, Phase, Progress, Result, WorkerExited
+
+logger = logging.getLogger(__name__)
+
+ErrorPresenter = Callable[[str, str, str], None]  # (title, message, details)
+_BAR_STEPS = 1000
+
+
+def format_eta(seconds: float | None) -> str:
+    """Return ``"ETA 12 s"``, ``"ETA 2 min 05 s"``, or ``""`` when unknown."""
+    if seconds is None or math.isnan(seconds) or seconds < 0:
+        return ""
+    if seconds < 60:
+        return f"ETA {seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"ETA {minutes} min {rest:02d} s"
+
+
+class LoadProgressWidget(QWidget):
+    """Status-bar widget: a label, a progress bar, Cancel, and "changed since load" + Reload."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.label = QLabel("", self)
+        self.label.setObjectName("loadStatusLabel")
+        self.label.setMinimumWidth(260)
+        self.bar = QProgressBar(self)
+        self.bar.setRange(0, _BAR_STEPS)
+        self.bar.setMaximumWidth(180)
+        self.bar.setTextVisible(True)
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.setToolTip("Stop the load; the device map stays as it is")
+        self.stale_label = QLabel("map changed since load", self)
+        self.stale_label.setObjectName("staleLabel")
+        self.stale_label.setStyleSheet("color: #b45309; font-weight: bold;")
+        self.reload_button = QPushButton("Reload", self)
+        self.reload_button.setToolTip("Load again with the current device map")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        for widget in (
+            self.label,
+            self.bar,
+            self.cancel_button,
+            self.stale_label,
+            self.reload_button,
+        ):
+            layout.addWidget(widget)
+        self._last_progress: Progress | None = None
+        self.set_busy(False)
+        self.set_stale(False)
+
+    def set_busy(self, busy: bool) -> None:
+        self.bar.setVisible(busy)
+        self.cancel_button.setVisible(busy)
+        self.cancel_button.setEnabled(busy)
+
+    def set_stale(self, stale: bool) -> None:
+        self.stale_label.setVisible(stale)
+        self.reload_button.setVisible(stale)
+
+    def show_progress(self, event: Progress, phase: str | None = None) -> None:
+        self._last_progress = event
+        fraction = event.fraction
+        self.bar.setValue(round(fraction * _BAR_STEPS))
+        self.bar.setFormat(f"{fraction:.0%}")
+        parts = [
+            phase or event.phase,
+            f"{format_bytes(event.bytes_done)} / {format_bytes(event.bytes_total)}",
+        ]
+        eta = format_eta(event.eta_s)
+        if eta:
+            parts.append(eta)
+        self.label.setText(" · ".join(parts))
+        self.label.setToolTip(event.tensor)
+        if event.tensor:
+            self.label.setText(f"{self.label.text()} · {_short(event.tensor)}")
+
+    def show_phase(self, phase: str) -> None:
+        """Show a new phase, keeping the bytes and tensor of the last progress report."""
+        if self._last_progress is not None:
+            self.show_progress(self._last_progress, phase)
+        else:
+            self.label.setText(f"{phase}…")
+
+    def show_message(self, text: str) -> None:
+        self.label.setText(text)
+        self.label.setToolTip("")
+
+    def reset(self) -> None:
+        """Forget the last progress report (a new load starts)."""
+        self._last_progress = None
+        self.bar.setValue(0)
+        self.bar.setFormat("0%")
+
+
+def _short(name: str, limit: int = 40) -> str:
+    return name if len(name) <= limit else "…" + name[-(limit - 1) :]
+
+
+class LoadController(QObject):
+    """Runs loads of the session's map in the worker and tracks what is loaded.
+
+    Args:
+        bridge: the worker bridge.
+        session: the ``workbench.runtime.session.Session`` whose map and source are loaded.
+        progress_widget: where progress shows (a new one by default).
+        parent: Qt parent; dialogs are parented to it when it is a widget.
+
+    Attributes:
+        error_presenter: ``(title, message, details) -> None``; the default opens a non-modal
+            ``QMessageBox`` (kept in ``last_error_dialog``). Tests may replace it.
+        errors: every ``(title, message, details)`` shown, oldest first.
+        load_options: extra ``Load.options`` sent with every load (tests use the hold hooks).
+        loaded_map: the map of the loaded model, or ``None``.
+    """
+
+    busy_changed = Signal(bool)
+    loaded_changed = Signal(bool)
+    stale_changed = Signal(bool)
+    load_started = Signal(int)
+    load_finished = Signal(object)  # LoadSummary
+    load_failed = Signal(object)  # Failed
+    _session_event = Signal(object)
+
+    def __init__(
+        self,
+        bridge: WorkerBridge,
+        session: Any,
+        progress_widget: LoadProgressWidget | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.bridge = bridge
+        self.session = session
+        self.progress_widget = progress_widget or LoadProgressWidget()
+        self.error_presenter: ErrorPresenter = self._show_error_dialog
+        self.last_error_dialog: QMessageBox | None = None
+        self.errors: list[tuple[str, str, str]] = []
+        self.load_options: dict[str, Any] = {}
+        self.loaded_map: dict[str, int | str] | None = None
+        self.loaded_source: str | None = None
+        self.last_summary: LoadSummary | None = None
+        self.request_id: int | None = None
+        self.stale = False
+        self._pending_map: dict[str, int | str] | None = None
+        self._cancel_clicked_s: float | None = None
+        self.progress_widget.cancel_button.clicked.connect(self.cancel)
+        self.progress_widget.reload_button.clicked.connect(self.load)
+        bridge.progress.connect(self._on_bridge_progress)
+        bridge.phase.connect(self._on_bridge_phase)
+        bridge.result.connect(self._on_bridge_result)
+        bridge.failed.connect(self._on_bridge_failed)
+        bridge.exited.connect(self._on_bridge_exited)
+        self._session_event.connect(self._on_session_changed)
+        self._unsubscribe = session.subscribe(self._session_event.emit)
+        self.progress_widget.show_message("worker idle")
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """True while a load runs."""
+        return self.request_id is not None
+
+    @property
+    def loaded(self) -> bool:
+        return self.loaded_map is not None
+
+    # -- actions -------------------------------------------------------------------------
+    def load(self) -> int | None:
+        """Load the session's source along its current map; return the request id or None."""
+        if self.busy:
+            return None
+        source, device_map = self.session.source, dict(self.session.device_map)
+        if not source:
+            self._report_error("Cannot load", "Open a model first (File > Open).", "")
+            return None
+        if not device_map:
+            self._report_error(
+                "Cannot load", "The device map is empty; plan it or assign modules first.", ""
+            )
+            return None
+        try:
+            request_id = self.bridge.load(
+                source, device_map, dtype=self.session.dtype, options=self.load_options
+            )
+        except Exception as exc:  # a state error or a worker that cannot start
+            logger.warning("load could not start: %s", exc)
+            self._report_error("Cannot load", str(exc), _details(exc))
+            return None
+        self._pending_map = device_map
+        self.request_id = request_id
+        self.progress_widget.reset()
+        self.progress_widget.show_message(f"starting load of {_short(str(source))}")
+        self.progress_widget.set_busy(True)
+        self._set_stale(False)
+        self.busy_changed.emit(True)
+        self.load_started.emit(request_id)
+        return request_id
+
+    def cancel(self) -> bool:
+        """Cancel the running load; the window is idle again when the worker confirms."""
+        if not self.busy:
+            return False
+        self._cancel_clicked_s = time.monotonic()
+        self.progress_widget.cancel_button.setEnabled(False)
+        self.progress_widget.show_message("cancelling…")
+        return self.bridge.cancel()
+
+    def unload(self) -> None:
+        """Drop the loaded model; the worker restarts empty and its memory drops."""
+        if self.busy:
+            return
+        try:
+            self.bridge.unload()
+        except Exception as exc:
+            self._report_error("Cannot unload", str(exc), _details(exc))
+            return
+        self._set_loaded(None)
+        self.progress_widget.show_message("unloading…")
+
+    def close(self) -> None:
+        """Stop observing the session (the bridge is shut down by its owner)."""
+        self._unsubscribe()
+
+    # -- events --------------------------------------------------------------------------
+    def _on_bridge_progress(self, event: Progress) -> None:
+        if event.request_id == self.request_id:
+            self.progress_widget.show_progress(event)
+
+    def _on_bridge_phase(self, event: Phase) -> None:
+        if event.request_id == self.request_id and self._cancel_clicked_s is None:
+            self.progress_widget.show_phase(event.phase)
+
+    def _on_bridge_result(self, event: Result) -> None:
+        if event.request_id != self.request_id or event.job != "load":
+            return
+        summary = event.value
+        self._finish()
+        self.last_summary = summary if isinstance(summary, LoadSummary) else None
+        self.loaded_source = str(self.session.source)
+        self._set_loaded(self._pending_map)
+        self.progress_widget.bar.setValue(_BAR_STEPS)
+        load_s = getattr(summary, "load_s", 0.0)
+        self.progress_widget.show_message(f"loaded in {load_s:.1f} s")
+        self._on_session_changed(None)
+        self.load_finished.emit(summary)
+
+    def _on_bridge_failed(self, event: Failed) -> None:
+        if event.request_id is None and event.job == "unload":
+            self._report_error("Unload failed", event.message, event.details)
+            return
+        if event.request_id != self.request_id:
+            return
+        self._finish()
+        if event.kind == "cancelled":
+            self.progress_widget.show_message("load cancelled")
+        else:
+            self.progress_widget.show_message("load failed")
+            title = {
+                "bad_input": "The model could not be loaded",
+                "worker_died": "The worker process died during the load",
+            }.get(event.kind, "Load failed")
+            self._report_error(title, _with_hint(event), event.details)
+        self.load_failed.emit(event)
+
+    def _on_bridge_exited(self, event: WorkerExited) -> None:
+        if event.expected:
+            if not self.busy:
+                self.progress_widget.show_message("worker idle")
+            return
+        was_loaded = self.loaded
+        self._set_loaded(None)
+        if was_loaded and not self.busy:  # a load in flight reports through Failed
+            self._report_error(
+                "The worker process died",
+                f"{event.message}. The model is no longer loaded; your device map is unchanged. "
+                "Load it again when ready.",
+                "",
+            )
+            self.progress_widget.show_message("worker died")
+
+    def _on_session_changed(self, change: Any) -> None:
+        what = getattr(change, "what", "device_map")
+        if what not in ("device_map", "source", "opened", "dtype", "restored"):
+            return
+        stale = self.loaded and (
+            dict(self.session.device_map) != self.loaded_map
+            or str(self.session.source) != self.loaded_source
+        )
+        self._set_stale(bool(stale))
+
+    # -- helpers -------------------------------------------------------------------------
+    def _finish(self) -> None:
+        self.request_id = None
+        self._cancel_clicked_s = None
+        self.progress_widget.set_busy(False)
+        self.busy_changed.emit(False)
+
+    def _set_loaded(self, device_map: Mapping[str, int | str] | None) -> None:
+        before = self.loaded
+        self.loaded_map = None if device_map is None else dict(device_map)
+        if device_map is None:
+            self._set_stale(False)
+        if self.loaded != before:
+            self.loaded_changed.emit(self.loaded)
+
+    def _set_stale(self, stale: bool) -> None:
+        if stale == self.stale:
+            return
+        self.stale = stale
+        self.progress_widget.set_stale(stale)
+        self.stale_changed.emit(stale)
+
+    def _report_error(self, title: str, message: str, details: str) -> None:
+        logger.warning("%s: %s", title, message)
+        self.errors.append((title, message, details))
+        self.error_presenter(title, message, details)
+
+    def _show_error_dialog(self, title: str, message: str, details: str) -> None:
+        parent = self.parent() if isinstance(self.parent(), QWidget) else None
+        box = QMessageBox(
+            QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, parent
+        )
+        box.setObjectName("workerErrorDialog")
+        if details:
+            box.setDetailedText(details)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.setModal(False)
+        box.destroyed.connect(self._on_error_dialog_destroyed)
+        box.show()
+        self.last_error_dialog = box
+
+    def _on_error_dialog_destroyed(self) -> None:
+        self.last_error_dialog = None
+
+
+def _with_hint(event: Failed) -> str:
+    hints = {
+        "bad_input": "Fix the file or the map, then load again. The device map is unchanged.",
+        "worker_died": "It may have run out of memory or been killed. The device map is "
+        "unchanged; load again, perhaps with more modules on disk.",
+    }
+    hint = hints.get(event.kind, "The device map is unchanged; you can load again.")
+    return f"{event.message}\n\n{hint}"
+
+
+def _details(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -1,0 +1,390 @@
+"""The main window: module tree, device lanes, hardware, planner, undo history, log.
+
+The window observes one ``Session`` (the document) and changes it only through commands on
+``undo_stack``. Opening a model runs ``open_model`` on a ``TaskThread`` with a busy indicator,
+so the window never freezes. GUI part 2 adds its panels through
+``workbench.gui.runtime_panels.install_runtime_panels(window)`` at the end of ``__init__``.
+
+Example:
+    >>> window = MainWindow()  # doctest: +SKIP
+    >>> window.open_source("llama-3.1-70b")
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import logging
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QUndoStack
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QScrollArea,
+    QSplitter,
+    QTabWidget,
+    QUndoView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.big_modeling.devices import device_label, normalize_device
+from workbench.gui import settings as app_settings
+from workbench.gui.commands import push_move
+from workbench.gui.formatting import format_bytes, format_params
+from workbench.gui.hardware_selector import BudgetEditor, HardwareSelector
+from workbench.gui.lanes import LanesWidget
+from workbench.gui.log_view import LogView
+from workbench.gui.map_edit import MoveRefused
+from workbench.gui.tree_model import ModuleTreeModel
+from workbench.gui.tree_view import ModuleTreePanel
+from workbench.gui.window_actions import (
+    build_actions,
+    dropped_paths,
+    handle_dropped_path,
+    refresh_recent_menu,
+)
+from workbench.gui.window_hardware import WindowHardwareMixin
+from workbench.gui.window_persistence import WindowPersistenceMixin
+from workbench.gui.workers import TaskThread
+from workbench.runtime.session import Session, SessionChange
+
+logger = logging.getLogger(__name__)
+
+
+class _SessionSignals(QObject):
+    """Turns the session's plain callbacks into a queued-safe Qt signal."""
+
+    changed = Signal(object)
+
+
+class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
+    """The workbench's main window.
+
+    Args:
+        session: the document to show; a new empty one by default.
+        profiles: hardware profiles for the selector (default: detected + bundled + user).
+        autosave: write the session to the autosave file after each change (debounced).
+    """
+
+    def __init__(
+        self,
+        session: Session | None = None,
+        *,
+        profiles: list[Any] | None = None,
+        autosave: bool = True,
+    ) -> None:
+        super().__init__()
+        self.setObjectName("mainWindow")
+        self.setWindowTitle("Model Memory Workbench")
+        self.setAcceptDrops(True)
+        self.session = session or Session()
+        self.undo_stack = QUndoStack(self)
+        self.open_thread: TaskThread | None = None
+        self.speed_thread: TaskThread | None = None
+        self.speed_prediction: Any = None
+        self._autosave_enabled = autosave
+        self._profile: Any = None
+        self._pending_map: dict[str, Any] | None = None
+        self.restore_bar: QWidget | None = None
+        self._show_error = self._show_error_box  # tests replace it to capture messages
+        self._show_info = self._show_info_box
+
+        self.tree_model = ModuleTreeModel(self)
+        self.tree_panel = ModuleTreePanel(self.tree_model, self)
+        self.tree_view = self.tree_panel.view
+        self.lanes = LanesWidget(self._move_handler, self)
+        self.speed_label = QLabel("Predicted: —", self)
+        self.speed_label.setObjectName("speedLabel")
+        self.speed_label.setWordWrap(True)
+        self.hardware_selector = HardwareSelector(self)
+        self.budget_editor = BudgetEditor(self)
+        self._build_central()
+        self.bottom_tabs = QTabWidget(self)
+        self.bottom_tabs.setObjectName("bottomTabs")
+        self.log_view = LogView(self)
+        self.bottom_tabs.addTab(self.log_view, "Log")
+        self.undo_view = QUndoView(self.undo_stack, self)
+        self.undo_view.setEmptyLabel("<opened>")
+        self._build_docks()
+        self._build_status_bar()
+
+        from workbench.gui.planner_panel import PlannerPanel
+
+        self.planner_panel = PlannerPanel(self)
+        self.planner_dock.setWidget(self.planner_panel)
+        self.actions_by_name = build_actions(self)  # menus, toolbar (main_toolbar), shortcuts
+
+        self._session_signals = _SessionSignals(self)
+        self._session_signals.changed.connect(self._on_session_changed)
+        self._unsubscribe = self.session.subscribe(self._session_signals.changed.emit)
+        self._speed_timer = _single_shot(self, 150, self.update_speed_prediction)
+        self._autosave_timer = _single_shot(self, 1000, self.autosave_now)
+        self.lanes.move_refused.connect(self._on_lanes_move_refused)
+        self.lanes.drag_hint.connect(lambda text: self.statusBar().showMessage(text, 3000))
+        self.hardware_selector.profile_chosen.connect(self._on_hardware_profile_chosen)
+        self.budget_editor.budgets_edited.connect(self._on_budget_editor_edited)
+        self.tree_panel.filter_error.connect(lambda text: self.statusBar().showMessage(text, 5000))
+
+        self._init_hardware(profiles)
+        self._restore_window_state()
+        self.refresh()
+        if importlib.util.find_spec("workbench.gui.runtime_panels") is not None:
+            from workbench.gui.runtime_panels import install_runtime_panels
+
+            install_runtime_panels(self)
+
+    # --- layout -------------------------------------------------------------------------
+
+    def _build_central(self) -> None:
+        right = QWidget(self)
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        scroll = QScrollArea(right)
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(self.lanes)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        right_layout.addWidget(QLabel("<b>Devices</b> — drop modules on a lane", right))
+        right_layout.addWidget(scroll, 1)
+        right_layout.addWidget(self.speed_label)
+        self.main_splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        self.main_splitter.setObjectName("mainSplitter")
+        self.main_splitter.addWidget(self.tree_panel)
+        self.main_splitter.addWidget(right)
+        self.main_splitter.setStretchFactor(0, 3)
+        self.main_splitter.setStretchFactor(1, 2)
+        self.main_splitter.setSizes([560, 440])
+        self.setCentralWidget(self.main_splitter)
+
+    def _build_docks(self) -> None:
+        self.bottom_dock = self._dock("Runtime", "bottomDock", self.bottom_tabs)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.bottom_dock)
+        self.hardware_dock = self._dock("Budgets", "hardwareDock", self.budget_editor)
+        self.history_dock = self._dock("History", "historyDock", self.undo_view)
+        self.planner_dock = self._dock("Planner", "plannerDock", QWidget(self))
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.planner_dock)
+        self.tabifyDockWidget(self.planner_dock, self.hardware_dock)
+        self.tabifyDockWidget(self.hardware_dock, self.history_dock)
+        self.planner_dock.raise_()
+        self.resizeDocks([self.bottom_dock], [220], Qt.Orientation.Vertical)
+        self.resizeDocks([self.planner_dock], [560], Qt.Orientation.Horizontal)
+
+    def _dock(self, title: str, name: str, widget: QWidget) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(name)
+        dock.setWidget(widget)
+        return dock
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.model_status = QLabel("no model", self)
+        self.validity_status = QLabel("", self)
+        self.devices_status = QLabel("", self)
+        self.busy_bar = QProgressBar(self)
+        self.busy_bar.setRange(0, 0)  # indeterminate: a busy indicator
+        self.busy_bar.setMaximumWidth(120)
+        self.busy_bar.setVisible(False)
+        for widget in (self.model_status, self.validity_status, self.devices_status):
+            bar.addPermanentWidget(widget)
+        bar.addPermanentWidget(self.busy_bar)
+
+    # --- opening ------------------------------------------------------------------------
+
+    def open_source(self, source: str) -> TaskThread | None:
+        """Open a config.json, a model folder, a bundled config name or ``hf-cache:REPO``
+        on a worker thread; the window shows a busy indicator and stays responsive."""
+        if self.open_thread is not None and self.open_thread.isRunning():
+            self.statusBar().showMessage("Still opening the previous model…", 3000)
+            return None
+        from workbench.models import open_model
+
+        thread = TaskThread(open_model, source, dtype=self.session.dtype, parent=self)
+        thread.setObjectName(f"open {source}")
+        thread.succeeded.connect(lambda opened: self._on_open_succeeded(source, opened))
+        thread.failed.connect(lambda exc: self._on_open_failed(source, exc))
+        self.open_thread = thread
+        self.busy_bar.setVisible(True)
+        self.statusBar().showMessage(f"Opening {source}…")
+        logger.info("opening %s", source)
+        thread.start()
+        return thread
+
+    def _on_open_succeeded(self, source: str, opened: Any) -> None:
+        self.busy_bar.setVisible(False)
+        pending, self._pending_map = self._pending_map, None
+        self.set_opened(source, opened, pending)
+        logger.info(
+            "opened %s in %.2f s", source, self.open_thread.elapsed_s if self.open_thread else 0
+        )
+
+    def _on_open_failed(self, source: str, exc: BaseException) -> None:
+        self.busy_bar.setVisible(False)
+        self.statusBar().showMessage(f"Could not open {source}", 5000)
+        logger.error("could not open %s: %s", source, exc)
+        self._show_error("Could not open the model", str(exc))
+
+    def set_opened(
+        self, source: str, opened: Any, device_map: dict[str, Any] | None = None
+    ) -> None:
+        """Show an opened model; the map starts as ``device_map`` or everything on the first
+        device of the profile. Clears the undo history (a new document)."""
+        self.undo_stack.clear()
+        if self.session.source != str(source):
+            self.session.set_source(str(source), reason="open")
+        self.session.set_opened(opened)
+        first = next(iter(self.session.budgets), "cpu")
+        self.session.set_device_map(device_map or {"": first}, reason="open")
+        self.undo_stack.setClean()
+        app_settings.add_recent_model(str(source))
+        refresh_recent_menu(self)
+        self.tree_model.set_tree(self.session.tree, self.session.device_map)
+        self.planner_panel.set_model(opened)
+        self.refresh()
+        _freeze_gc_for(self.session.tree)
+
+    # --- edits --------------------------------------------------------------------------
+
+    def _move_handler(self, names: list[str], device: int | str) -> str | None:
+        if self.session.tree is None:
+            return "open a model first"
+        try:
+            result = push_move(self.undo_stack, self.session, names, device)
+        except MoveRefused as exc:
+            return str(exc)
+        self.statusBar().showMessage(result.describe(), 5000)
+        return None
+
+    def move_selection_to(self, device: int | str) -> str | None:
+        """Move the selected tree rows to ``device`` (menu, Ctrl+N); return a refusal or None."""
+        names = self.tree_panel.view.selected_names()
+        if not names:
+            self.statusBar().showMessage("Select modules in the tree first", 3000)
+            return "nothing selected"
+        return self.lanes.request_move(names, normalize_device(device))
+
+    def _on_lanes_move_refused(self, reason: str) -> None:
+        self.statusBar().showMessage(f"Refused: {reason}", 8000)
+        logger.warning("move refused: %s", reason)
+
+    # --- refresh ------------------------------------------------------------------------
+
+    def _on_session_changed(self, change: SessionChange) -> None:
+        if change.what in ("profile", "restored") and self.session.profile is not None:
+            self._profile = self.session.profile
+            if not self.hardware_selector.select_name(self._profile.name):
+                self.hardware_selector.add_profile(self._profile)
+        if change.what == "opened":
+            self.tree_model.set_tree(self.session.tree, self.session.device_map)
+        if change.what in ("device_map", "budgets", "reserve", "profile", "opened", "restored"):
+            self.refresh()
+            self._speed_timer.start()
+        if self._autosave_enabled and change.what not in ("dirty",):
+            self._autosave_timer.start()
+
+    def refresh(self) -> None:
+        """Bring the tree's device column, lanes, budgets and status bar up to date."""
+        session = self.session
+        self.tree_model.set_device_map(session.device_map)
+        profile = self._profile
+        titles = {spec.device: spec.name for spec in profile.devices} if profile else {}
+        budgets = dict(session.budgets)
+        self.budget_editor.set_budgets(budgets, titles)
+        self.lanes.update_lanes(
+            session.tree,
+            session.device_map,
+            budgets,
+            reserve_bytes=session.reserve,
+            reserve_device=self.execution_device(),
+            titles=titles,
+        )
+        tree = session.tree
+        if tree is None:
+            self.model_status.setText("no model — File > Open, or drop a folder here")
+        else:
+            dtype = str(tree.planning_dtype or "as stored").replace("torch.", "")
+            name = _model_name(session.source)
+            self.model_status.setText(
+                f"{name} · {format_params(tree.root.param_count)} params · "
+                f"{format_bytes(tree.root.nbytes)} {dtype}"
+            )
+        valid = self.lanes.is_valid
+        self.validity_status.setText("map valid" if valid else "map INVALID")
+        self.validity_status.setToolTip("\n".join(self.lanes.problems))
+        self.validity_status.setProperty("invalid", not valid)
+        self.devices_status.setText(f"{len(self.lanes.lanes)} devices")
+        title = "Model Memory Workbench"
+        if tree is not None:
+            title = f"{_model_name(session.source)}{' *' if session.dirty else ''} — {title}"
+        self.setWindowTitle(title)
+
+    def execution_device(self) -> int | str:
+        """The main execution device (first GPU of the budgets, else cpu): where the reserve goes."""
+        gpus = sorted(d for d in self.session.budgets if isinstance(d, int))
+        return gpus[0] if gpus else "cpu"
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.save_window_state()
+        for thread in (self.open_thread, self.planner_panel.thread, self.speed_thread):
+            if thread is not None:
+                thread.wait()
+        self._autosave_timer.stop()
+        self._speed_timer.stop()
+        if self._autosave_enabled:
+            app_settings.discard_autosave()
+        self._unsubscribe()
+        self.log_view.detach()
+        super().closeEvent(event)
+
+    # --- drops onto the window ------------------------------------------------------------
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if dropped_paths(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = dropped_paths(event.mimeData())
+        for path in paths[:1]:
+            handle_dropped_path(self, path)
+        if paths:
+            event.acceptProposedAction()
+
+
+HUGE_TREE_MODULES = 20_000
+
+
+def _freeze_gc_for(tree: Any) -> None:
+    """Move a huge model's objects out of the cyclic GC's reach (``gc.freeze``).
+
+    A 98k-module meta model is over a million Python objects; every full collection then walks
+    them all (seconds), stalling the event loop at random moments. They live as long as the
+    document, so freezing them costs nothing; refcounting still frees them later.
+    """
+    if tree is not None and len(tree) >= HUGE_TREE_MODULES:
+        gc.freeze()
+
+
+def _single_shot(parent: QObject, interval_ms: int, slot: Any) -> QTimer:
+    timer = QTimer(parent)
+    timer.setSingleShot(True)
+    timer.setInterval(interval_ms)
+    timer.timeout.connect(slot)
+    return timer
+
+
+def _model_name(source: str | None) -> str:
+    if not source:
+        return "untitled"
+    text = str(source).rstrip("/")
+    name = text.rsplit("/", 1)[-1]
+    if name == "config.json":
+        name = text.rsplit("/", 2)[-2] if text.count("/") >= 1 else name
+    return name.removesuffix(".json")
+
+
+__all__ = ["MainWindow", "device_label"]

@@ -1,0 +1,300 @@
+"""Device-map files in the GUI: import with validation, atomic export, copy as code.
+
+Import never changes anything until the user accepts a valid map: the file is read with the
+engine's ``load_device_map`` (JSON errors, duplicate keys, bad devices), then checked against
+the open model (unknown names, uncovered modules, devices the hardware profile lacks).
+``ImportDialog`` lists every problem; its OK button stays disabled while there are any, and
+accepting pushes one undo command. Export goes through the engine's atomic ``save_device_map``.
+
+Example:
+    >>> dialog = import_device_map(window, "map.json")  # doctest: +SKIP
+    >>> dialog.accept()  # applies it as one undo step when it is valid
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QLabel,
+    QPlainTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.big_modeling.devices import device_label
+from workbench.big_modeling.errors import BadInputError
+from workbench.gui.commands import SetDeviceMapCommand
+from workbench.gui.formatting import format_bytes
+from workbench.gui.map_edit import MapIndex, compact_names
+
+if TYPE_CHECKING:
+    from workbench.gui.main_window import MainWindow
+
+logger = logging.getLogger(__name__)
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+def map_problems(window: MainWindow, device_map: dict[str, Any]) -> list[str]:
+    """Return every reason ``device_map`` cannot be used for the open model (sorted lists)."""
+    tree = window.session.tree
+    if tree is None:
+        return ["no model is open: open the model this map belongs to first"]
+    index = MapIndex(tree, device_map)
+    problems = []
+    unknown = index.unknown_names()
+    if unknown:
+        problems.append(
+            f"{len(unknown)} unknown module name(s), not in {tree.root.class_name}: "
+            + ", ".join(unknown[:30])
+            + (" …" if len(unknown) > 30 else "")
+        )
+    uncovered = index.uncovered(limit=200)
+    if uncovered:
+        problems.append(
+            f"{len(uncovered)}{'+' if len(uncovered) == 200 else ''} uncovered module(s) or "
+            f"tensor(s) with no device: {', '.join(compact_names(uncovered[:30]))}. "
+            "Add covering keys or a '' entry."
+        )
+    if not problems:
+        problems.extend(_engine_check(window, device_map))
+    profile = window.hardware_profile()
+    if profile is not None:
+        missing = sorted(
+            {device_label(d) for d in index.device_map.values() if not profile.has_device(d)}
+        )
+        if missing:
+            have = ", ".join(device_label(s.device) for s in profile.devices)
+            problems.append(
+                f"device(s) {', '.join(missing)} not in hardware profile {profile.name!r} "
+                f"(it has {have}); pick another profile or edit the map"
+            )
+    return problems
+
+
+def _engine_check(window: MainWindow, device_map: dict[str, Any]) -> list[str]:
+    """The engine's exact coverage check (every tensor covered once, no contradictions)."""
+    model = getattr(window.session.opened, "model", None)
+    if model is None:
+        return []
+    from workbench.big_modeling.device_map import check_device_map
+
+    try:
+        check_device_map(model, device_map)
+    except BadInputError as exc:
+        return [str(exc)]
+    return []
+
+
+class ImportDialog(QDialog):
+    """Shows a map file's summary or its problems; OK applies it (disabled while invalid).
+
+    Attributes:
+        problems: the reasons the map cannot be applied (empty when valid).
+        device_map: the map read from the file.
+    """
+
+    def __init__(self, window: MainWindow, path: Path, device_map: dict[str, Any]) -> None:
+        super().__init__(window)
+        self.setWindowTitle(f"Import device map — {path.name}")
+        self.setModal(False)
+        self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.window_ = window
+        self.path = path
+        self.device_map = device_map
+        self.problems = map_problems(window, device_map)
+        self.applied = False
+        summary = QLabel(self)
+        summary.setWordWrap(True)
+        details = QPlainTextEdit(self)
+        details.setReadOnly(True)
+        if self.problems:
+            summary.setText(f"<b>{path}</b> cannot be applied to this model; nothing was changed:")
+            details.setPlainText("\n\n".join(f"• {p}" for p in self.problems))
+        else:
+            tree = window.session.tree
+            totals = MapIndex(tree, device_map).per_device_bytes() if tree is not None else {}
+            summary.setText(
+                f"<b>{path}</b>: {len(device_map)} entries, valid for this model. Apply it?"
+            )
+            details.setPlainText(
+                "\n".join(f"{device_label(d)}: {format_bytes(n)}" for d, n in totals.items())
+            )
+        self.message = summary.text() + "\n" + details.toPlainText()
+        self.buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel, self
+        )
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(not self.problems)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(summary)
+        layout.addWidget(details)
+        layout.addWidget(self.buttons)
+        self.resize(620, 320)
+
+    def accept(self) -> None:
+        """Apply the map as one undo step when it is valid; otherwise do nothing."""
+        if self.problems:
+            return
+        session = self.window_.session
+        self.window_.undo_stack.push(
+            SetDeviceMapCommand(session, self.device_map, f"Import map from {self.path.name}")
+        )
+        self.applied = True
+        super().accept()
+
+
+def read_map_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a device-map file (plain or wrapped) with the engine's reader.
+
+    Raises:
+        DeviceMapError: malformed JSON, duplicate keys, bad devices, wrong version (named).
+        FileNotFoundError: when ``path`` does not exist.
+    """
+    from workbench.big_modeling.device_map import load_device_map
+
+    return dict(load_device_map(path))
+
+
+def import_device_map(window: MainWindow, path: str | os.PathLike[str]) -> ImportDialog | None:
+    """Read and validate ``path``; show the import dialog (or the read error).
+
+    Returns:
+        The non-modal dialog (accept it to apply), or ``None`` when the file could not be read.
+    """
+    target = Path(path)
+    try:
+        device_map = read_map_file(target)
+    except (BadInputError, OSError) as exc:
+        logger.warning("import of %s refused: %s", target, exc)
+        window._show_error("Cannot import device map", str(exc))
+        return None
+    dialog = ImportDialog(window, target, device_map)
+    dialog.show()
+    return dialog
+
+
+def import_dialog(window: MainWindow) -> None:
+    path, _ = QFileDialog.getOpenFileName(window, "Import device map", "", "Device map (*.json)")
+    if path:
+        import_device_map(window, path)
+
+
+def model_fingerprint(window: MainWindow) -> dict[str, Any]:
+    """Identify the open model in a wrapped map file (source, class, sizes, module count)."""
+    session = window.session
+    opened, tree = session.opened, session.tree
+    if tree is None:
+        return {}
+    return {
+        "source": session.source,
+        "class": getattr(opened, "model_class", "") or tree.root.class_name,
+        "param_count": tree.root.param_count,
+        "nbytes": tree.root.nbytes,
+        "num_modules": len(tree),
+        "planning_dtype": str(tree.planning_dtype or "as stored").replace("torch.", ""),
+    }
+
+
+def export_device_map(
+    window: MainWindow, path: str | os.PathLike[str], *, wrapped: bool = False
+) -> Path:
+    """Write the current map atomically (plain transformers format, or wrapped).
+
+    Raises:
+        DeviceMapError: when the engine refuses the map.
+        OSError: when the file cannot be written (nothing partial is left).
+    """
+    from workbench.big_modeling.device_map import save_device_map
+
+    target = Path(path)
+    metadata: dict[str, Any] = {}
+    if wrapped:  # save_device_map puts every keyword under the file's "model" key
+        metadata.update(model_fingerprint(window))
+        profile = window.hardware_profile()
+        if profile is not None:
+            metadata["profile"] = profile.to_dict()
+    save_device_map(target, dict(window.session.device_map), **metadata)
+    logger.info("exported device map to %s", target)
+    return target
+
+
+def export_dialog(window: MainWindow, *, wrapped: bool = False) -> None:
+    path, _ = QFileDialog.getSaveFileName(
+        window, "Export device map", "device_map.json", "Device map (*.json)"
+    )
+    if not path:
+        return
+    try:
+        export_device_map(window, path, wrapped=wrapped)
+    except (BadInputError, OSError) as exc:
+        window._show_error("Cannot export device map", str(exc))
+        return
+    window.statusBar().showMessage(f"Exported {path}", 5000)
+
+
+def code_snippet(window: MainWindow) -> str:
+    """Return a ``from_pretrained(device_map=..., max_memory=...)`` snippet for the map."""
+    session = window.session
+    opened = session.opened
+    class_name = getattr(opened, "model_class", "") or "AutoModelForCausalLM"
+    folder = getattr(opened, "folder", None)
+    source = str(folder) if folder is not None else (session.source or "path/to/model")
+    device_map = dict(session.device_map)
+    max_memory = {d: f"{n // MIB}MiB" for d, n in session.budgets.items() if d != "disk"}
+    lines = [
+        "import torch",
+        f"from transformers import {class_name}",
+        "",
+        f"device_map = {_py_dict(device_map)}",
+        f"max_memory = {_py_dict(max_memory)}",
+        f"model = {class_name}.from_pretrained(",
+        f"    {source!r},",
+        "    device_map=device_map,",
+        "    max_memory=max_memory,",
+    ]
+    if "disk" in device_map.values():
+        lines.append('    offload_folder="offload",')
+    dtype = getattr(session.tree, "planning_dtype", None) if session.tree is not None else None
+    if dtype is not None:
+        lines.append(f"    dtype={dtype},")
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def _py_dict(mapping: dict[Any, Any]) -> str:
+    if len(mapping) <= 3:
+        return repr(mapping)
+    body = "".join(f"    {key!r}: {value!r},\n" for key, value in mapping.items())
+    return "{\n" + body + "}"
+
+
+def copy_as_code(window: MainWindow) -> str:
+    """Put the snippet on the clipboard and return it."""
+    snippet = code_snippet(window)
+    QGuiApplication.clipboard().setText(snippet)
+    window.statusBar().showMessage("Copied a from_pretrained(...) snippet to the clipboard", 5000)
+    return snippet
+
+
+def save_session_dialog(window: MainWindow, parent: QWidget | None = None) -> None:
+    path, _ = QFileDialog.getSaveFileName(
+        parent or window, "Save session", "session.json", "Session (*.json)"
+    )
+    if not path:
+        return
+    try:
+        window.session.save(path)
+    except (OSError, TypeError, ValueError) as exc:
+        window._show_error("Cannot save the session", str(exc))

@@ -1,0 +1,377 @@
+"""The planner panel: options, candidate maps of several strategies side by side, apply.
+
+Options are prefilled from the session and the model (budgets, dtype, no-split classes,
+reserve by batch size and sequence length or in bytes). "Compare" plans every checked strategy
+on a worker thread and fills a table with per-device totals and predicted speed per strategy;
+nothing changes until "Apply", which is one undo macro (budgets, reserve and map). The trace
+list explains each placement of the selected strategy in its tooltip.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QPushButton,
+    QRadioButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.big_modeling.devices import device_label, device_sort_key
+from workbench.gui.colors import device_color
+from workbench.gui.commands import push_plan
+from workbench.gui.formatting import format_bytes, format_rate, format_seconds
+from workbench.gui.hardware_selector import BudgetEditor
+from workbench.gui.workers import TaskThread
+
+if TYPE_CHECKING:
+    from workbench.gui.main_window import MainWindow
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+DTYPES = ("as stored", "bfloat16", "float16", "float32", "float8_e4m3fn")
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy's outcome: the plan (or the error) and its predicted speed."""
+
+    strategy: str
+    plan: Any = None  # PlanResult
+    prediction: Any = None  # SpeedPrediction
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything one comparison needs, captured on the GUI thread."""
+
+    model: Any
+    tree: Any
+    profile: Any
+    budgets: dict[Any, int]
+    reserve: dict[Any, int]
+    dtype: str | None
+    no_split: list[str]
+    strategies: tuple[str, ...]
+
+
+def run_comparison(request: PlanRequest) -> list[Candidate]:
+    """Plan every strategy of ``request`` and predict its speed (runs on a worker thread)."""
+    from workbench.big_modeling.planner import plan_device_map
+    from workbench.models.speed import predict_speed
+
+    candidates = []
+    for strategy in request.strategies:
+        try:
+            plan = plan_device_map(
+                request.model,
+                max_memory=request.budgets,
+                strategy=strategy,  # type: ignore[arg-type]
+                no_split_module_classes=request.no_split,
+                dtype=request.dtype,
+                reserve=request.reserve or None,
+            )
+        except ValueError as exc:  # BadInputError / MemoryBudgetError: shown in the column
+            candidates.append(Candidate(strategy, error=str(exc)))
+            continue
+        prediction = None
+        if request.profile is not None:
+            try:
+                prediction = predict_speed(request.tree, plan.device_map, request.profile)
+            except ValueError as exc:
+                logger.info("no speed prediction for %s: %s", strategy, exc)
+        candidates.append(Candidate(strategy, plan=plan, prediction=prediction))
+    return candidates
+
+
+class PlannerPanel(QWidget):
+    """Side panel of the main window; ``comparison_ready`` fires when the table is filled."""
+
+    comparison_ready = Signal(object)
+    comparison_failed = Signal(str)
+
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.window_ = window
+        self.candidates: list[Candidate] = []
+        self.thread: TaskThread | None = None
+        self._request: PlanRequest | None = None
+        self.budget_editor = BudgetEditor(self)
+        self.dtype_combo = QComboBox(self)
+        self.dtype_combo.addItems(DTYPES)
+        self.no_split_edit = QLineEdit(self)
+        self.no_split_edit.setPlaceholderText("class names, comma separated")
+        self.reserve_by_shape = QRadioButton("batch x sequence", self)
+        self.reserve_by_bytes = QRadioButton("bytes", self)
+        self.reserve_by_shape.setChecked(True)
+        group = QButtonGroup(self)
+        group.addButton(self.reserve_by_shape)
+        group.addButton(self.reserve_by_bytes)
+        self.batch_spin = _spin(self, 1, 1024, 1, "batch ")
+        self.seq_spin = _spin(self, 1, 1_048_576, 4096, "seq ")
+        self.reserve_gib = QDoubleSpinBox(self)
+        self.reserve_gib.setRange(0, 4096)
+        self.reserve_gib.setSuffix(" GiB")
+        self.strategy_checks = {s: QCheckBox(s, self) for s in STRATEGIES}
+        for check in self.strategy_checks.values():
+            check.setChecked(True)
+        self.compare_button = QPushButton("Compare strategies", self)
+        self.compare_button.setDefault(True)
+        self.table = QTableWidget(self)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.apply_row = QHBoxLayout()
+        self.trace_view = QTreeWidget(self)
+        self.trace_view.setHeaderLabels(["Module", "Device", "Size", "Why"])
+        self.trace_view.setRootIsDecorated(False)
+        self.trace_view.setUniformRowHeights(True)
+        self._build_layout()
+        self.compare_button.clicked.connect(self.compare)
+        self.table.currentCellChanged.connect(self._on_table_current_cell_changed)
+
+    def _build_layout(self) -> None:
+        form = QFormLayout()
+        form.addRow("Budgets", self.budget_editor)
+        form.addRow("Planning dtype", self.dtype_combo)
+        form.addRow("No-split classes", self.no_split_edit)
+        reserve_row = QHBoxLayout()
+        for widget in (
+            self.reserve_by_shape,
+            self.batch_spin,
+            self.seq_spin,
+            self.reserve_by_bytes,
+            self.reserve_gib,
+        ):
+            reserve_row.addWidget(widget)
+        form.addRow("Reserve", reserve_row)
+        strategies_row = QHBoxLayout()
+        for check in self.strategy_checks.values():
+            strategies_row.addWidget(check)
+        form.addRow("Strategies", strategies_row)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.compare_button)
+        self.table.setMinimumHeight(170)
+        layout.addWidget(self.table, 3)
+        layout.addLayout(self.apply_row)
+        layout.addWidget(self.trace_view, 2)
+
+    # --- options --------------------------------------------------------------------------
+
+    def set_model(self, opened: Any) -> None:
+        """Prefill from a newly opened model: no-split classes, dtype, budgets."""
+        self.no_split_edit.setText(", ".join(getattr(opened, "no_split_modules", []) or []))
+        dtype = getattr(opened, "planning_dtype", None)
+        name = str(dtype).replace("torch.", "") if dtype is not None else "as stored"
+        self.dtype_combo.setCurrentText(name if name in DTYPES else "as stored")
+        self.sync_from_session()
+        self.candidates = []
+        self._fill_table()
+
+    def sync_from_session(self) -> None:
+        """Copy the session's budgets into the panel's editor."""
+        self.budget_editor.set_budgets(dict(self.window_.session.budgets))
+
+    def reserve_bytes(self) -> int:
+        """The reserve for the execution device, from batch x sequence or bytes."""
+        if self.reserve_by_bytes.isChecked():
+            return round(self.reserve_gib.value() * GIB)
+        opened = self.window_.session.opened
+        if opened is None:
+            return 0
+        from workbench.big_modeling.reserve import estimate_activation_reserve
+
+        dtype: Any = self.dtype_combo.currentText()
+        if dtype == "as stored":  # activations take the model's declared dtype
+            dtype = getattr(opened, "declared_dtype", None) or "float16"
+        try:
+            return int(
+                estimate_activation_reserve(
+                    opened.config, self.batch_spin.value(), self.seq_spin.value(), dtype
+                )
+            )
+        except (ValueError, TypeError, AttributeError) as exc:
+            logger.warning("cannot estimate the activation reserve: %s", exc)
+            return 0
+
+    def request(self) -> PlanRequest | None:
+        """Capture the options as a ``PlanRequest`` (``None`` without a model)."""
+        session = self.window_.session
+        if session.opened is None:
+            return None
+        dtype = self.dtype_combo.currentText()
+        reserve = self.reserve_bytes()
+        device = self.window_.execution_device()
+        return PlanRequest(
+            model=session.opened.model,
+            tree=session.tree,
+            profile=self.window_.hardware_profile(),
+            budgets=self.budget_editor.budgets() or dict(session.budgets),
+            reserve={device: reserve} if reserve else {},
+            dtype=None if dtype == "as stored" else dtype,
+            no_split=[n.strip() for n in self.no_split_edit.text().split(",") if n.strip()],
+            strategies=tuple(s for s, c in self.strategy_checks.items() if c.isChecked()),
+        )
+
+    # --- comparing ----------------------------------------------------------------------------
+
+    def compare(self) -> TaskThread | None:
+        """Plan the checked strategies on a worker thread; the table fills when done."""
+        request = self.request()
+        if request is None:
+            self.window_.statusBar().showMessage("Open a model before planning", 3000)
+            return None
+        if self.thread is not None and self.thread.isRunning():
+            return None
+        self._request = request
+        self.compare_button.setEnabled(False)
+        self.compare_button.setText("Planning…")
+        self.thread = TaskThread(run_comparison, request, parent=self)
+        self.thread.succeeded.connect(self._on_thread_succeeded)
+        self.thread.failed.connect(self._on_thread_failed)
+        self.thread.start()
+        return self.thread
+
+    def _on_thread_succeeded(self, candidates: list[Candidate]) -> None:
+        self._reset_button()
+        self.candidates = candidates
+        self._fill_table()
+        self.comparison_ready.emit(candidates)
+
+    def _on_thread_failed(self, exc: BaseException) -> None:
+        self._reset_button()
+        self.window_._show_error("Planning failed", str(exc))
+        self.comparison_failed.emit(str(exc))
+
+    def _reset_button(self) -> None:
+        self.compare_button.setEnabled(True)
+        self.compare_button.setText("Compare strategies")
+
+    def _fill_table(self) -> None:
+        candidates = self.candidates
+        devices = sorted(
+            {d for c in candidates if c.plan for d in c.plan.per_device_bytes}, key=device_sort_key
+        )
+        rows = [device_label(d) for d in devices] + ["tokens/s", "TTFT", "status"]
+        self.table.clear()
+        self.table.setRowCount(len(rows))
+        self.table.setColumnCount(len(candidates))
+        self.table.setVerticalHeaderLabels(rows)
+        self.table.setHorizontalHeaderLabels([c.strategy for c in candidates])
+        budgets = self._request.budgets if self._request else {}
+        for column, candidate in enumerate(candidates):
+            for row, device in enumerate(devices):
+                nbytes = candidate.plan.per_device_bytes.get(device, 0) if candidate.plan else 0
+                item = QTableWidgetItem(format_bytes(nbytes) if candidate.plan else "")
+                item.setForeground(device_color(device))
+                if budgets.get(device):
+                    item.setToolTip(f"{format_bytes(nbytes)} of {format_bytes(budgets[device])}")
+                self.table.setItem(row, column, item)
+            prediction = candidate.prediction
+            speed = format_rate(prediction.tokens_per_s) if prediction else "—"
+            ttft = format_seconds(prediction.ttft_s) if prediction else "—"
+            self.table.setItem(len(devices), column, QTableWidgetItem(speed))
+            self.table.setItem(len(devices) + 1, column, QTableWidgetItem(ttft))
+            status = QTableWidgetItem("ok" if candidate.plan else "does not fit")
+            status.setToolTip(candidate.error or (prediction.summary() if prediction else ""))
+            self.table.setItem(len(devices) + 2, column, status)
+        self.table.resizeColumnsToContents()
+        self._fill_apply_buttons()
+        if candidates:
+            self.table.setCurrentCell(0, 0)
+            self.show_trace(candidates[0].strategy)
+
+    def _fill_apply_buttons(self) -> None:
+        while self.apply_row.count():
+            item = self.apply_row.takeAt(0)
+            if item.widget() is not None:
+                item.widget().deleteLater()
+        self.apply_buttons: dict[str, QPushButton] = {}
+        for candidate in self.candidates:
+            button = QPushButton(f"Apply {candidate.strategy}", self)
+            button.setEnabled(candidate.plan is not None)
+            button.setToolTip(candidate.error or "Apply this map (one undo step)")
+            button.clicked.connect(lambda _c=False, s=candidate.strategy: self.apply(s))
+            self.apply_row.addWidget(button)
+            self.apply_buttons[candidate.strategy] = button
+
+    def _on_table_current_cell_changed(self, _row: int, column: int, *_previous: int) -> None:
+        if 0 <= column < len(self.candidates):
+            self.show_trace(self.candidates[column].strategy)
+
+    def show_trace(self, strategy: str) -> None:
+        """List the placements of ``strategy``; each row's tooltip is the planner's reason."""
+        self.trace_view.clear()
+        candidate = self.candidate(strategy)
+        if candidate is None or candidate.plan is None:
+            if candidate is not None:
+                item = QTreeWidgetItem(["(no plan)", "", "", candidate.error])
+                item.setToolTip(3, candidate.error)
+                self.trace_view.addTopLevelItem(item)
+            return
+        items = []
+        for placement in candidate.plan.trace[:5000]:
+            device = "split" if placement.device is None else device_label(placement.device)
+            item = QTreeWidgetItem(
+                [
+                    placement.module or "(model)",
+                    device,
+                    format_bytes(placement.nbytes),
+                    placement.reason,
+                ]
+            )
+            for column in range(4):
+                item.setToolTip(column, placement.reason)
+            if placement.device is not None:
+                item.setForeground(1, device_color(placement.device))
+            items.append(item)
+        self.trace_view.addTopLevelItems(items)
+        self.trace_view.resizeColumnToContents(0)
+
+    def candidate(self, strategy: str) -> Candidate | None:
+        return next((c for c in self.candidates if c.strategy == strategy), None)
+
+    def apply(self, strategy: str) -> bool:
+        """Apply a compared strategy as one undo macro; return whether it applied."""
+        candidate = self.candidate(strategy)
+        if candidate is None or candidate.plan is None or self._request is None:
+            return False
+        window = self.window_
+        reserve = sum(self._request.reserve.values())
+        push_plan(
+            window.undo_stack,
+            window.session,
+            candidate.plan.device_map,
+            strategy=strategy,
+            budgets=self._request.budgets,
+            reserve=reserve,
+        )
+        window.tree_model.set_trace({p.module: p.reason for p in candidate.plan.trace})
+        window.statusBar().showMessage(f"Applied the {strategy} plan", 5000)
+        return True
+
+
+def _spin(parent: QWidget, low: int, high: int, value: int, prefix: str) -> QSpinBox:
+    spin = QSpinBox(parent)
+    spin.setRange(low, high)
+    spin.setValue(value)
+    spin.setPrefix(prefix)
+    return spin

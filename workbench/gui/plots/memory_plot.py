@@ -1,0 +1,310 @@
+"""Memory over time: one line per device and kind, budgets as dashed lines, phase markers.
+
+Samples go into preallocated arrays (a ring twice the window long, so the visible window is
+always one contiguous slice); a GUI-thread timer pushes them to pyqtgraph at ``refresh_hz`` only
+when something changed, with clip-to-view and peak downsampling, so an idle plot costs nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from workbench.big_modeling.atomic import atomic_write_text
+from workbench.gui.plots import (
+    GIB,
+    PlotControls,
+    cache_static_parts,
+    device_qcolor,
+    nice_ceiling,
+    save_png,
+)
+
+_STYLE = {
+    "allocated": Qt.PenStyle.SolidLine,
+    "reserved": Qt.PenStyle.DashLine,
+    "nvml": Qt.PenStyle.DotLine,
+    "rss": Qt.PenStyle.SolidLine,
+    "available": Qt.PenStyle.DashDotLine,
+}
+_MAX_MARKERS = 64
+_X_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)  # finer than y: little blank time on the right
+
+
+class SampleRing:
+    """Preallocated time series: ``capacity`` rows of ``t_s`` plus one column per series.
+
+    Storage is ``2 * capacity`` rows; when it fills, the newest ``capacity`` rows move to the
+    front (amortised O(1) per sample), so ``view()`` is always a contiguous slice.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(2, int(capacity))
+        self.names: list[str] = []
+        self._t_s = np.zeros(2 * self.capacity)
+        self._values = np.full((2 * self.capacity, 0), np.nan)
+        self._start = 0
+        self._end = 0
+
+    def __len__(self) -> int:
+        return self._end - self._start
+
+    def column(self, name: str) -> int:
+        """Return the column of ``name``, adding one (NaN for earlier rows) if new."""
+        if name in self.names:
+            return self.names.index(name)
+        self.names.append(name)
+        extra = np.full((self._values.shape[0], 1), np.nan)
+        self._values = np.hstack([self._values, extra])
+        return len(self.names) - 1
+
+    def append(self, t_s: float, values: Mapping[str, float]) -> None:
+        columns = [(self.column(name), float(v)) for name, v in values.items()]
+        if self._end == 2 * self.capacity:
+            keep = self.capacity - 1
+            self._t_s[:keep] = self._t_s[self._end - keep : self._end]
+            self._values[:keep] = self._values[self._end - keep : self._end]
+            self._start, self._end = 0, keep
+        elif len(self) == self.capacity:
+            self._start += 1
+        row = self._end
+        self._t_s[row] = t_s
+        self._values[row] = np.nan
+        for col, value in columns:
+            self._values[row, col] = value
+        self._end += 1
+
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(t_s, values)`` views of the stored rows, oldest first (no copy)."""
+        return self._t_s[self._start : self._end], self._values[self._start : self._end]
+
+    def clear(self) -> None:
+        self._start = self._end = 0
+
+
+class MemoryPlot(QWidget):
+    """Live memory plot of the worker and the system.
+
+    Series are named ``"<device> <kind>"``: ``"cuda:0 allocated"``, ``"cuda:0 reserved"``,
+    ``"cuda:0 nvml"``, ``"worker rss"``, ``"system available"``. Values are bytes; the axis
+    shows GiB. Times are seconds on any monotonic clock; the axis starts at the first sample.
+
+    Example:
+        >>> plot = MemoryPlot()  # doctest: +SKIP
+        >>> plot.append_sample(0.0, {"worker rss": 2**30})  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, parent: QWidget | None = None, *, window_s: float = 600.0, refresh_hz: float = 10.0
+    ) -> None:
+        super().__init__(parent)
+        self._ring = SampleRing(int(window_s * 20))  # room for 20 samples/s over the window
+        self._t0_s: float | None = None
+        self._curves: dict[str, pg.PlotDataItem] = {}
+        self._budget_lines: dict[str, pg.InfiniteLine] = {}
+        self._markers: list[tuple[float, str, pg.InfiniteLine]] = []
+        self._dirty = False
+        self._paused = False
+        self.refresh_count = 0
+
+        self.plot_widget = pg.PlotWidget(self, background="w")
+        item = self.plot_widget.getPlotItem()
+        item.setLabel("bottom", "time", units="s")
+        item.setLabel("left", "memory (GiB)")
+        item.showGrid(x=True, y=True, alpha=0.25)
+        item.setClipToView(True)
+        item.setDownsampling(auto=True, mode="peak")
+        item.addLegend(offset=(-10, 10), labelTextSize="8pt")  # top right: markers start left
+        # ranges move in steps, not with every sample, so the cached axes are rarely redrawn
+        item.disableAutoRange()
+        self._x_max = 0.0
+        self._y_max = 0.0
+        cache_static_parts(item)
+        self.controls = PlotControls(self, self)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.controls)
+        layout.addWidget(self.plot_widget, 1)
+
+        self.timer = QTimer(self)
+        self.timer.setInterval(max(10, int(1000 / refresh_hz)))
+        self.timer.timeout.connect(self._on_timer_timeout)
+        self.timer.start()
+
+    # -- data in -------------------------------------------------------------------------
+    def append_sample(self, t_s: float, values_bytes: Mapping[str, float]) -> None:
+        """Record one sample: series name -> bytes at time ``t_s`` (seconds)."""
+        if self._t0_s is None:
+            self._t0_s = t_s
+        self._ring.append(t_s - self._t0_s, values_bytes)
+        self._dirty = True
+
+    def set_budgets(self, budgets_bytes: Mapping[str | int, int]) -> None:
+        """Draw one dashed horizontal line per device budget (bytes); replaces earlier ones."""
+        item = self.plot_widget.getPlotItem()
+        for line in self._budget_lines.values():
+            item.removeItem(line)
+        self._budget_lines.clear()
+        for device, nbytes in budgets_bytes.items():
+            label = f"cuda:{device}" if isinstance(device, int) else str(device)
+            if label == "disk" or not nbytes:
+                continue
+            pen = pg.mkPen(device_qcolor(device), width=1, style=Qt.PenStyle.DashLine)
+            line = pg.InfiniteLine(
+                pos=nbytes / GIB,
+                angle=0,
+                pen=pen,
+                label=f"{label} budget",
+                labelOpts={
+                    "position": 0.95,
+                    "color": device_qcolor(device),
+                    "anchors": [(1, 1), (1, 1)],
+                },
+            )
+            item.addItem(line, ignoreBounds=True)
+            self._budget_lines[label] = line
+
+    def add_marker(self, t_s: float, label: str) -> None:
+        """Mark an event (load start/end, an inference) with a vertical line at ``t_s``."""
+        if self._t0_s is None:
+            self._t0_s = t_s
+        x = t_s - self._t0_s
+        line = pg.InfiniteLine(
+            pos=x,
+            angle=90,
+            pen=pg.mkPen("#555555", width=1, style=Qt.PenStyle.DotLine),
+            label=label,
+            labelOpts={"position": 0.9, "color": "#333333", "rotateAxis": (1, 0)},
+        )
+        self.plot_widget.getPlotItem().addItem(line, ignoreBounds=True)
+        self._markers.append((x, label, line))
+        if len(self._markers) > _MAX_MARKERS:
+            _, _, old = self._markers.pop(0)
+            self.plot_widget.getPlotItem().removeItem(old)
+
+    # -- data out ------------------------------------------------------------------------
+    @property
+    def series_names(self) -> list[str]:
+        return list(self._ring.names)
+
+    @property
+    def sample_count(self) -> int:
+        return len(self._ring)
+
+    @property
+    def marker_labels(self) -> list[str]:
+        return [label for _, label, _ in self._markers]
+
+    def latest(self, name: str) -> float | None:
+        """Return the newest recorded value of series ``name`` (bytes), or ``None``."""
+        if name not in self._ring.names or not len(self._ring):
+            return None
+        value = self._ring.view()[1][-1, self._ring.names.index(name)]
+        return None if math.isnan(value) else float(value)
+
+    def curve(self, name: str) -> pg.PlotDataItem | None:
+        return self._curves.get(name)
+
+    def to_csv(self) -> str:
+        """Return the samples as CSV text: ``t_s`` then one column per series, in bytes."""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(["t_s", *(f"{name} (bytes)" for name in self._ring.names)])
+        t_s, values = self._ring.view()
+        for k in range(len(t_s)):
+            row = values[k]
+            cells = ["" if math.isnan(v) else str(int(v)) for v in row]
+            writer.writerow([f"{t_s[k]:.3f}", *cells])
+        for x, label, _ in self._markers:
+            writer.writerow([f"{x:.3f}", *([""] * len(self._ring.names)), f"marker: {label}"])
+        return buffer.getvalue()
+
+    def export_csv(self, path: str | Path) -> Path:
+        """Write ``to_csv()`` to ``path`` atomically and return the path."""
+        atomic_write_text(path, self.to_csv())
+        return Path(path)
+
+    def export_png(self, path: str | Path) -> Path:
+        """Write the plot as it is on screen to ``path`` (PNG) atomically."""
+        return save_png(self.plot_widget, path)
+
+    # -- control -------------------------------------------------------------------------
+    def set_paused(self, paused: bool) -> None:
+        """Freeze (True) or resume (False) the display; samples keep being recorded."""
+        self._paused = bool(paused)
+        if not paused:
+            self._dirty = True
+
+    def set_refresh_hz(self, refresh_hz: float) -> None:
+        """Redraw at most ``refresh_hz`` times a second (the runtime panels use 10 Hz while a
+        job runs and 2 Hz at rest, which keeps an idle window's CPU cost low)."""
+        self.timer.setInterval(max(10, int(1000 / max(refresh_hz, 0.1))))
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def reset(self) -> None:
+        """Forget every sample and marker (budgets stay)."""
+        self._ring.clear()
+        self._t0_s = None
+        self._x_max = self._y_max = 0.0
+        item = self.plot_widget.getPlotItem()
+        for _, _, line in self._markers:
+            item.removeItem(line)
+        self._markers.clear()
+        for curve in self._curves.values():
+            curve.setData([], [])
+        self._dirty = False
+
+    def refresh(self) -> None:
+        """Push the stored samples to the curves now."""
+        t_s, values = self._ring.view()
+        for col, name in enumerate(self._ring.names):
+            curve = self._curves.get(name) or self._make_curve(name)
+            curve.setData(t_s, values[:, col] / GIB, connect="finite")
+        if len(t_s):
+            self._step_ranges(float(t_s[0]), float(t_s[-1]), values)
+        self._dirty = False
+        self.refresh_count += 1
+
+    def _step_ranges(self, first_s: float, last_s: float, values: np.ndarray) -> None:
+        """Grow the x range by doubling (then slide by a quarter window) and the y range in
+        1-2-2.5-5 steps, so ranges change a few times per run instead of on every sample."""
+        window_s = self._ring.capacity / 20
+        if last_s > self._x_max or last_s < self._x_max - window_s:
+            span = max(30.0, last_s - first_s)
+            self._x_max = (
+                first_s + nice_ceiling(span * 1.1)
+                if span < window_s * 0.75
+                else last_s + window_s / 4
+            )
+        x_min = max(first_s, self._x_max - window_s)
+        finite = values[np.isfinite(values)]
+        peak_gib = float(finite.max()) / GIB if finite.size else 1.0
+        if peak_gib > self._y_max or peak_gib < self._y_max / 4:
+            self._y_max = nice_ceiling(peak_gib * 1.1)
+        view_box = self.plot_widget.getPlotItem().getViewBox()
+        view_box.setRange(xRange=(x_min, self._x_max), yRange=(0.0, self._y_max), padding=0)
+
+    def _make_curve(self, name: str) -> pg.PlotDataItem:
+        device, _, kind = name.partition(" ")
+        color = device_qcolor("cpu" if device == "worker" else device)
+        pen = pg.mkPen(color, width=2, style=_STYLE.get(kind, Qt.PenStyle.SolidLine))
+        curve = self.plot_widget.getPlotItem().plot([], [], pen=pen, name=name)
+        curve.setClipToView(True)
+        curve.setDownsampling(auto=True, method="peak")
+        self._curves[name] = curve
+        return curve
+
+    def _on_timer_timeout(self) -> None:
+        if self._dirty and not self._paused and self.isVisible():
+            self.refresh()

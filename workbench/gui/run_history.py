@@ -1,0 +1,238 @@
+"""The history of inference and verify runs, each with the device map it ran on.
+
+Selecting two runs shows how their maps differ, so a user can see what a map change bought.
+The history exports as JSON (atomically).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.big_modeling.atomic import atomic_write_text
+from workbench.gui.formatting import format_rate, format_seconds
+
+HISTORY_FORMAT = "workbench-run-history"
+
+_Index = QModelIndex | QPersistentModelIndex
+
+
+def map_digest(device_map: Mapping[str, int | str]) -> str:
+    """Return a short stable id of a device map: 6 hex digits of its sorted JSON's SHA-1."""
+    text = json.dumps({str(k): v for k, v in device_map.items()}, sort_keys=True)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:6]
+
+
+def map_summary(device_map: Mapping[str, int | str]) -> str:
+    """Return entries per device: ``"cuda:0 12 · cpu 4 · disk 2"``."""
+    counts = Counter(f"cuda:{v}" if isinstance(v, int) else str(v) for v in device_map.values())
+    return " · ".join(f"{device} {count}" for device, count in sorted(counts.items()))
+
+
+def map_diff(first: Mapping[str, int | str], second: Mapping[str, int | str]) -> list[str]:
+    """Return one line per module whose device differs, sorted: ``"lm_head: cpu -> disk"``."""
+    lines = []
+    for name in sorted(set(first) | set(second)):
+        a, b = first.get(name, "-"), second.get(name, "-")
+        if a != b:
+            lines.append(f"{name or '(whole model)'}: {a} -> {b}")
+    return lines
+
+
+@dataclass
+class RunRecord:
+    """One run. ``kind`` is ``"infer"`` or ``"verify"``; times in seconds."""
+
+    run_id: int
+    kind: str
+    started_at: str
+    device_map: dict[str, int | str]
+    prompt: str | None = None
+    max_new_tokens: int = 0
+    text: str = ""
+    new_tokens: int = 0
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    total_s: float | None = None
+    predicted: dict[str, float] = field(default_factory=dict)
+    verify: dict[str, Any] | None = None
+    per_layer: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "running"
+
+    @property
+    def map_id(self) -> str:
+        return map_digest(self.device_map)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["map_id"] = self.map_id
+        return data
+
+
+class RunHistoryModel(QAbstractTableModel):
+    """Table of ``RunRecord`` rows: #, kind, map, tok/s, TTFT, result."""
+
+    HEADERS = ("#", "kind", "map", "tok/s", "TTFT", "result")
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.records: list[RunRecord] = []
+
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self.records)
+
+    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self.HEADERS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = 0) -> Any:
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return self.HEADERS[section]
+        return None
+
+    def data(self, index: _Index, role: int = 0) -> Any:
+        if not index.isValid() or not 0 <= index.row() < len(self.records):
+            return None
+        record = self.records[index.row()]
+        column = index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            return self._display(record, column)
+        if role == Qt.ItemDataRole.ToolTipRole and column == 2:
+            return "\n".join(
+                f"{k or '(whole model)'}: {v}" for k, v in sorted(record.device_map.items())
+            )
+        if role == Qt.ItemDataRole.ForegroundRole and column == 5 and record.verify is not None:
+            return QColor("#15803d" if record.verify.get("passed") else "#b91c1c")
+        return None
+
+    @staticmethod
+    def _display(record: RunRecord, column: int) -> str:
+        if column == 0:
+            return str(record.run_id)
+        if column == 1:
+            return record.kind
+        if column == 2:
+            return f"{record.map_id} ({map_summary(record.device_map)})"
+        if column == 3:
+            return "" if record.tokens_per_s is None else format_rate(record.tokens_per_s)
+        if column == 4:
+            return "" if record.ttft_s is None else format_seconds(record.ttft_s)
+        if record.verify is not None and record.status == "done":
+            verdict = "PASS" if record.verify.get("passed") else "FAIL"
+            return f"{verdict} (max abs {record.verify.get('max_abs_diff', 0):.3g})"
+        if record.kind == "infer" and record.status == "done":
+            return f"{record.new_tokens} tokens"
+        return record.status
+
+    def add(self, record: RunRecord) -> int:
+        """Append ``record``; return its row."""
+        row = len(self.records)
+        self.beginInsertRows(QModelIndex(), row, row)
+        self.records.append(record)
+        self.endInsertRows()
+        return row
+
+    def update(self, record: RunRecord) -> None:
+        """Refresh the row of ``record`` after its fields changed."""
+        row = self.records.index(record)
+        self.dataChanged.emit(self.index(row, 0), self.index(row, self.columnCount() - 1))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"format": HISTORY_FORMAT, "version": 1, "runs": [r.to_dict() for r in self.records]},
+            indent=2,
+            sort_keys=True,
+        )
+
+    def export_json(self, path: str | Path) -> Path:
+        """Write every run as JSON to ``path`` atomically and return the path."""
+        atomic_write_text(path, self.to_json())
+        return Path(path)
+
+
+class RunHistoryWidget(QWidget):
+    """The history table, Export JSON…, and the map of the selected run (or the diff of two)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = RunHistoryModel(self)
+        self.view = QTableView(self)
+        self.view.setModel(self.model)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.view.verticalHeader().setVisible(False)
+        self.view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.view.horizontalHeader().setStretchLastSection(True)
+        self.details = QPlainTextEdit(self)
+        self.details.setReadOnly(True)
+        self.details.setPlaceholderText("Select a run to see its map, or two runs to compare maps")
+        self.export_button = QPushButton("Export JSON…", self)
+        self.path_chooser = self._ask_path
+        top = QHBoxLayout()
+        top.addWidget(QLabel("<b>Runs</b>", self))
+        top.addStretch(1)
+        top.addWidget(self.export_button)
+        splitter = QSplitter(Qt.Orientation.Vertical, self)
+        splitter.addWidget(self.view)
+        splitter.addWidget(self.details)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(top)
+        layout.addWidget(splitter, 1)
+        self.export_button.clicked.connect(self._on_export_clicked)
+        self.view.selectionModel().selectionChanged.connect(self._on_view_selection_changed)
+
+    def selected_records(self) -> list[RunRecord]:
+        rows = sorted({index.row() for index in self.view.selectionModel().selectedRows()})
+        return [self.model.records[row] for row in rows]
+
+    def _on_view_selection_changed(self, *_: object) -> None:
+        records = self.selected_records()
+        if len(records) == 1:
+            record = records[0]
+            lines = [f"run {record.run_id} ({record.kind}) on map {record.map_id}:"]
+            lines += [
+                f"  {k or '(whole model)'}: {v}" for k, v in sorted(record.device_map.items())
+            ]
+            self.details.setPlainText("\n".join(lines))
+        elif len(records) == 2:
+            first, second = records
+            diff = map_diff(first.device_map, second.device_map)
+            head = f"run {first.run_id} (map {first.map_id}) vs run {second.run_id} (map {second.map_id})"
+            speed = ""
+            if first.tokens_per_s and second.tokens_per_s:
+                speed = f"\ntok/s: {first.tokens_per_s:.3g} vs {second.tokens_per_s:.3g} ({second.tokens_per_s / first.tokens_per_s:.2f}x)"
+            body = "\n".join(f"  {line}" for line in diff) if diff else "  same map"
+            self.details.setPlainText(f"{head}{speed}\n{body}")
+        else:
+            self.details.clear()
+
+    def _on_export_clicked(self) -> None:
+        path = self.path_chooser("Export run history", "JSON files (*.json)")
+        if path:
+            self.model.export_json(path)
+
+    def _ask_path(self, title: str, file_filter: str) -> str | None:
+        path, _ = QFileDialog.getSaveFileName(self, title, "runs.json", file_filter)
+        return path or None

@@ -1,0 +1,257 @@
+"""The runtime half of the main window: load & dispatch, live plots, inference tests.
+
+``install_runtime_panels(window)`` adds toolbar actions (Load & dispatch, Cancel, Unload) to
+``window.main_toolbar``, the Memory / Transfers / Inference tabs to ``window.bottom_tabs`` and
+the load progress to the status bar, and wires them to one ``WorkerBridge``. The worker process
+is spawned on the first load, not before, so opening the window costs nothing. Nothing here may
+break the window: a failure while installing is logged and the window works without the panels.
+
+Example:
+    >>> panels = install_runtime_panels(window)  # doctest: +SKIP
+    >>> panels.load_action.trigger()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from PySide6.QtCore import QEvent, QObject, Signal
+from PySide6.QtGui import QAction
+
+from workbench.gui.bridge import WorkerBridge
+from workbench.gui.inference_panel import InferencePanel
+from workbench.gui.load_panel import LoadController, LoadProgressWidget
+from workbench.gui.plots import group_layer_timings, summarize_layers
+from workbench.gui.plots.memory_plot import MemoryPlot
+from workbench.gui.plots.transfer_plot import TransferPlot
+from workbench.runtime.protocol import TelemetrySample, TransferBatch
+
+logger = logging.getLogger(__name__)
+
+ACTIVE_REFRESH_HZ = 10.0  # memory plot redraws while a load or a run is in flight
+REST_REFRESH_HZ = 2.0  # ... and when the worker is idle or just holding a loaded model
+
+
+class RuntimePanels(QObject):
+    """Everything ``install_runtime_panels`` adds, wired together.
+
+    Attributes:
+        bridge, controller, progress_widget, memory_plot, transfer_plot, inference_panel,
+        load_action, cancel_action, unload_action.
+    """
+
+    _session_event = Signal(object)
+
+    def __init__(self, window: Any, bridge: WorkerBridge | None = None) -> None:
+        super().__init__(window)
+        self.window = window
+        self.bridge = bridge or WorkerBridge(window)
+        self.progress_widget = LoadProgressWidget(window)
+        self.controller = LoadController(self.bridge, window.session, self.progress_widget, window)
+        self.memory_plot = MemoryPlot(window)
+        self.transfer_plot = TransferPlot(window)
+        self.inference_panel = InferencePanel(
+            self.bridge, lambda: self.controller.loaded_map, window
+        )
+        self.load_action = QAction("Load && dispatch", window)
+        self.load_action.setObjectName("loadDispatchAction")
+        self.load_action.setToolTip(
+            "Load the checkpoint along the current map in the worker process"
+        )
+        self.cancel_action = QAction("Cancel", window)
+        self.cancel_action.setToolTip("Cancel the running load")
+        self.unload_action = QAction("Unload", window)
+        self.unload_action.setToolTip("Drop the loaded model and free the worker's memory")
+        self.memory_plot.set_refresh_hz(REST_REFRESH_HZ)
+        self.units: list[str] = []  # layer units of the loaded model, in display order
+        self._closed = False
+        self._wire()
+        self._update_actions()
+
+    # -- wiring --------------------------------------------------------------------------
+    def _wire(self) -> None:
+        self.load_action.triggered.connect(self.controller.load)
+        self.cancel_action.triggered.connect(self.controller.cancel)
+        self.unload_action.triggered.connect(self._on_unload_triggered)
+        controller, bridge = self.controller, self.bridge
+        controller.busy_changed.connect(self._update_actions)
+        controller.loaded_changed.connect(self._update_actions)
+        controller.load_started.connect(lambda _rid: self._mark("load start"))
+        controller.load_finished.connect(self._on_controller_load_finished)
+        controller.load_failed.connect(
+            lambda ev: self._mark("load cancelled" if ev.kind == "cancelled" else "load failed")
+        )
+        bridge.telemetry.connect(self._on_bridge_telemetry)
+        bridge.transfers.connect(self._on_bridge_transfers)
+        bridge.result.connect(lambda _ev: self._update_actions())
+        bridge.failed.connect(lambda _ev: self._update_actions())
+        bridge.state_changed.connect(self._on_bridge_state_changed)
+        self.inference_panel.run_button.clicked.connect(self._update_actions)
+        self.inference_panel.verify_button.clicked.connect(self._update_actions)
+        self.inference_panel.run_finished.connect(lambda _r: self._update_actions())
+        self.inference_panel.history.model.rowsInserted.connect(self._on_history_rows_inserted)
+        session = self.window.session
+        self._session_event.connect(self._on_session_changed)  # queued if from another thread
+        self._unsubscribe = session.subscribe(self._session_event.emit)
+        self._budgets_from_session()
+
+    def _on_session_changed(self, change: Any) -> None:
+        if getattr(change, "what", "") in ("budgets", "restored", "profile"):
+            self._budgets_from_session()
+
+    def _budgets_from_session(self) -> None:
+        self.memory_plot.set_budgets(dict(self.window.session.budgets))
+        self._peaks_from_profile()
+
+    def _peaks_from_profile(self) -> None:
+        profile = _window_profile(self.window)
+        if profile is None:
+            return
+        peaks = {"disk": float(getattr(profile, "disk_read_gbps", 0.0) or 0.0)}
+        accelerators = getattr(profile, "accelerators", ())
+        if callable(accelerators):
+            accelerators = accelerators()
+        if accelerators:
+            peaks["cpu"] = float(getattr(profile, "host_to_device_gbps", 0.0) or 0.0)
+        self.transfer_plot.set_peak_bandwidth(peaks)
+
+    def _update_actions(self, *_: object) -> None:
+        busy = self.controller.busy
+        running = self.inference_panel.busy
+        self.load_action.setEnabled(not busy and not running)
+        self.cancel_action.setEnabled(busy or running)
+        self.unload_action.setEnabled(self.controller.loaded and not busy and not running)
+        self.inference_panel.set_available(self.controller.loaded and not busy)
+
+    def _on_bridge_state_changed(self, state: str) -> None:
+        busy = state in ("loading", "running")
+        self.memory_plot.set_refresh_hz(ACTIVE_REFRESH_HZ if busy else REST_REFRESH_HZ)
+        self._update_actions()
+
+    def _mark(self, label: str) -> None:
+        self.memory_plot.add_marker(time.time(), label)  # telemetry uses the worker's time.time
+
+    def _on_unload_triggered(self) -> None:
+        self.controller.unload()
+        self._mark("unload")
+        self._update_actions()
+
+    def _on_controller_load_finished(self, summary: Any) -> None:
+        self._mark("load end")
+        self.transfer_plot.clear_layers()
+        self._prediction_for_loaded_map()
+        self._update_actions()
+
+    def _on_history_rows_inserted(self, _parent: Any, first: int, _last: int) -> None:
+        record = self.inference_panel.history.model.records[first]
+        self._mark(f"{record.kind} #{record.run_id}")
+
+    def _prediction_for_loaded_map(self) -> None:
+        """Set the layer units and the speed model's per-layer prediction for the loaded map."""
+        tree, profile = self.window.session.tree, _window_profile(self.window)
+        device_map = self.controller.loaded_map or {}
+        self.units = [name for name in device_map if name]
+        prediction = None
+        if tree is not None and profile is not None and device_map:
+            try:
+                from workbench.models.speed import predict_speed
+
+                prediction = predict_speed(tree, device_map, profile)
+            except Exception as exc:  # the prediction is a bonus; a model it cannot handle is fine
+                logger.info("no per-layer prediction for the loaded map: %s", exc)
+        if prediction is not None and prediction.per_layer:
+            self.units = [p.name for p in prediction.per_layer]
+        self.transfer_plot.set_layers(self.units)
+        self.inference_panel.units = list(self.units)
+        self.inference_panel.keep_module = self._in_model_tree
+        if prediction is not None:
+            self.transfer_plot.set_prediction(
+                {p.name: (p.time_s or p.transfer_s + p.compute_s) for p in prediction.per_layer}
+            )
+
+    def _in_model_tree(self, module: str) -> bool:
+        tree = self.window.session.tree
+        if tree is None:
+            return True
+        try:
+            return module in tree
+        except Exception:  # a tree without membership tests: keep everything
+            return True
+
+    def _on_bridge_telemetry(self, sample: TelemetrySample) -> None:
+        values: dict[str, float] = {
+            "worker rss": sample.rss_bytes,
+            "system available": sample.available_bytes,
+        }
+        for mem in sample.cuda:
+            values[f"cuda:{mem.device} allocated"] = mem.allocated_bytes
+            values[f"cuda:{mem.device} reserved"] = mem.reserved_bytes
+            if mem.nvml_used_bytes is not None:
+                values[f"cuda:{mem.device} nvml"] = mem.nvml_used_bytes
+        self.memory_plot.append_sample(sample.time_s, values)
+
+    def _on_bridge_transfers(self, batch: TransferBatch) -> None:
+        if batch.events:
+            rows = group_layer_timings(
+                summarize_layers(batch.events), self.units, keep=self._in_model_tree
+            )
+            self.transfer_plot.add_forward(rows)
+
+    # -- lifetime ------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the worker and the plot timers; idempotent (called when the window closes)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._unsubscribe()
+        self.controller.close()
+        self.memory_plot.timer.stop()
+        self.transfer_plot.timer.stop()
+        self.bridge.shutdown()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.window and event.type() == QEvent.Type.Close:
+            self.shutdown()
+        return False
+
+
+def _window_profile(window: Any) -> Any:
+    try:
+        return window.hardware_profile()
+    except Exception:
+        return getattr(window.session, "profile", None)
+
+
+def install_runtime_panels(
+    window: Any, *, bridge: WorkerBridge | None = None
+) -> RuntimePanels | None:
+    """Add the runtime toolbar actions, tabs and status-bar progress to ``window``.
+
+    Args:
+        window: a ``MainWindow`` (``session``, ``main_toolbar``, ``bottom_tabs``, status bar).
+        bridge: the worker bridge to use (default: a new one around a ``WorkerHost``).
+
+    Returns:
+        The installed ``RuntimePanels`` (also kept as ``window.runtime_panels``), or ``None``
+        when installing failed; the failure is logged and the window keeps working.
+    """
+    try:
+        panels = RuntimePanels(window, bridge)
+        toolbar = window.main_toolbar
+        toolbar.addSeparator()
+        for action in (panels.load_action, panels.cancel_action, panels.unload_action):
+            toolbar.addAction(action)
+        tabs = window.bottom_tabs
+        tabs.insertTab(0, panels.memory_plot, "Memory")
+        tabs.insertTab(1, panels.transfer_plot, "Transfers")
+        tabs.insertTab(2, panels.inference_panel, "Inference")
+        tabs.setCurrentIndex(0)
+        window.statusBar().insertPermanentWidget(0, panels.progress_widget)
+        window.installEventFilter(panels)
+        window.runtime_panels = panels
+        return panels
+    except Exception:
+        logger.exception("the runtime panels could not be installed; loading is unavailable")
+        return None

@@ -1,0 +1,137 @@
+"""What the app remembers between runs (``QSettings``) and where the session autosaves.
+
+Window geometry and dock/splitter state, recent models, the last hardware profile and budgets
+live in ``QSettings`` (organisation and application names set in ``app.py``). The session
+autosaves to ``<AppDataLocation>/autosave-session.json``; a run that did not exit cleanly
+leaves ``session/clean_exit`` false, so the next start offers to restore it.
+
+Tests point both at a temporary folder (``QSettings.setPath`` with ``IniFormat`` and
+``XDG_DATA_HOME``), so they never touch the user's real settings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings, QStandardPaths
+
+from workbench.big_modeling.atomic import atomic_write_text
+from workbench.big_modeling.devices import normalize_device
+
+logger = logging.getLogger(__name__)
+
+ORGANIZATION = "model-memory-workbench"
+MAX_RECENT = 10
+AUTOSAVE_NAME = "autosave-session.json"
+
+
+def app_settings() -> QSettings:
+    """Return the app's ``QSettings`` (the format and folder the application configured)."""
+    return QSettings(
+        QSettings.defaultFormat(), QSettings.Scope.UserScope, ORGANIZATION, "workbench"
+    )
+
+
+def recent_models() -> list[str]:
+    """Return recently opened sources, newest first."""
+    value = app_settings().value("recent/models", [])
+    if isinstance(value, str):  # QSettings returns a single-item list as a plain string
+        value = [value]
+    return [str(v) for v in value or []][:MAX_RECENT]
+
+
+def add_recent_model(source: str) -> list[str]:
+    """Put ``source`` first in the recent list (deduplicated, at most ``MAX_RECENT``)."""
+    models = [source, *(m for m in recent_models() if m != source)][:MAX_RECENT]
+    settings = app_settings()
+    settings.setValue("recent/models", models)
+    settings.sync()
+    return models
+
+
+def save_last_hardware(profile_name: str, budgets: Mapping[int | str, int]) -> None:
+    """Remember the chosen profile and the budgets the user set for it."""
+    settings = app_settings()
+    settings.setValue("hardware/profile", profile_name)
+    settings.setValue(
+        "hardware/budgets", json.dumps([[device, int(n)] for device, n in budgets.items()])
+    )
+    settings.sync()
+
+
+def last_hardware() -> tuple[str | None, dict[int | str, int]]:
+    """Return the last profile name and budgets (``(None, {})`` the first time)."""
+    settings = app_settings()
+    name = settings.value("hardware/profile", None)
+    budgets: dict[int | str, int] = {}
+    raw = settings.value("hardware/budgets", "")
+    if raw:
+        try:
+            budgets = {normalize_device(d): int(n) for d, n in json.loads(str(raw))}
+        except (ValueError, TypeError):
+            logger.warning("ignoring malformed saved budgets %r", raw)
+    return (str(name) if name else None), budgets
+
+
+def save_window_state(
+    geometry: QByteArray, state: QByteArray, splitters: Mapping[str, QByteArray]
+) -> None:
+    """Remember the main window's geometry, dock layout and splitter positions."""
+    settings = app_settings()
+    settings.setValue("window/geometry", geometry)
+    settings.setValue("window/state", state)
+    for name, value in splitters.items():
+        settings.setValue(f"window/splitter/{name}", value)
+    settings.sync()
+
+
+def window_state(splitter_names: list[str]) -> dict[str, Any]:
+    """Return saved ``geometry``, ``state`` and ``splitters`` (values may be ``None``)."""
+    settings = app_settings()
+    return {
+        "geometry": settings.value("window/geometry", None),
+        "state": settings.value("window/state", None),
+        "splitters": {n: settings.value(f"window/splitter/{n}", None) for n in splitter_names},
+    }
+
+
+def autosave_path() -> Path:
+    """Return the autosave file in the platform's app-data folder (created on demand)."""
+    folder = Path(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation))
+    return folder / AUTOSAVE_NAME
+
+
+def write_autosave(session_data: Mapping[str, Any]) -> Path:
+    """Write the session's JSON data to the autosave file atomically and mark the run dirty."""
+    path = autosave_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(session_data, indent=1, sort_keys=True) + "\n")
+    set_clean_exit(False)
+    return path
+
+
+def set_clean_exit(clean: bool) -> None:
+    """Record whether the app exited cleanly (read at the next start)."""
+    settings = app_settings()
+    settings.setValue("session/clean_exit", bool(clean))
+    settings.sync()
+
+
+def pending_autosave() -> Path | None:
+    """Return the autosave file when the last run ended without a clean exit, else ``None``."""
+    path = autosave_path()
+    clean = app_settings().value("session/clean_exit", True)
+    clean = clean not in (False, "false", 0, "0")
+    if path.is_file() and not clean:
+        return path
+    return None
+
+
+def discard_autosave() -> None:
+    """Remove the autosave file and mark the run clean (after a clean exit or a discard)."""
+    autosave_path().unlink(missing_ok=True)
+    set_clean_exit(True)

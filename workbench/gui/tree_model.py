@@ -1,0 +1,294 @@
+"""``ModuleTreeModel``: a ``QAbstractItemModel`` over the session's ``ModuleTree``.
+
+The session owns the nodes, so ``internalPointer`` is the ``ModuleNode`` itself and nothing is
+created per row: ``rowCount`` is ``len(node.children)``, ``index`` is ``node.children[row]``,
+``parent`` is ``node.parent`` with its stored ``row``. That keeps a 98k-module MoE as smooth as
+a 20-module demo (the view only asks for visible rows).
+
+Rows carry their full module name under ``NAME_ROLE`` (used for filtering and drag and drop) and
+a numeric ``SORT_ROLE`` so sorting by parameters or size is numeric and sorting by name keeps
+model order (``layers.2`` before ``layers.10``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from PySide6.QtCore import (
+    QAbstractItemModel,
+    QMimeData,
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    Qt,
+    Signal,
+)
+
+from workbench.big_modeling.devices import device_label
+from workbench.gui.colors import device_color, mixed_color
+from workbench.gui.formatting import format_bytes, format_params
+from workbench.gui.map_edit import MIXED, MapIndex
+from workbench.models.tree import ModuleNode, ModuleTree
+
+MODULES_MIME = "application/x-workbench-modules"
+NAME_ROLE = Qt.ItemDataRole.UserRole + 1
+SORT_ROLE = Qt.ItemDataRole.UserRole + 2
+DEVICE_ROLE = Qt.ItemDataRole.UserRole + 3  # the device value (int | str | MIXED | None)
+
+COLUMNS = ("Name", "Class", "Parameters", "Size", "Device", "Flags")
+NAME_COLUMN, CLASS_COLUMN, PARAMS_COLUMN, SIZE_COLUMN, DEVICE_COLUMN, FLAGS_COLUMN = range(6)
+
+AnyIndex = QModelIndex | QPersistentModelIndex
+
+
+def modules_mime_data(names: list[str]) -> QMimeData:
+    """Return the ``QMimeData`` a drag of these module names carries (also used by tests)."""
+    mime = QMimeData()
+    mime.setData(MODULES_MIME, json.dumps(names).encode("utf-8"))
+    mime.setText("\n".join(names))
+    return mime
+
+
+def names_from_mime(mime: QMimeData) -> list[str]:
+    """Return the module names a drag carries, or ``[]`` when it carries none."""
+    if not mime.hasFormat(MODULES_MIME):
+        return []
+    try:
+        names = json.loads(bytes(mime.data(MODULES_MIME).data()).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+class ModuleTreeModel(QAbstractItemModel):
+    """The module tree with sizes and the current device of every row.
+
+    Args:
+        parent: Qt parent.
+
+    Example:
+        >>> model = ModuleTreeModel()  # doctest: +SKIP
+        >>> model.set_tree(opened.tree, {"": "cpu"})
+    """
+
+    map_changed = Signal()
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._tree: ModuleTree | None = None
+        self._map_index: MapIndex | None = None
+        self._trace: dict[str, str] = {}
+
+    # --- document ---------------------------------------------------------------------------
+
+    @property
+    def tree(self) -> ModuleTree | None:
+        """The tree shown, or ``None`` before a model is open."""
+        return self._tree
+
+    @property
+    def map_index(self) -> MapIndex | None:
+        """Lookups over the current map."""
+        return self._map_index
+
+    def set_tree(self, tree: ModuleTree | None, device_map: dict[str, Any] | None = None) -> None:
+        """Show ``tree`` (resets the model) with ``device_map``."""
+        self.beginResetModel()
+        self._tree = tree
+        self._trace = {}
+        self._map_index = MapIndex(tree, device_map or {}) if tree is not None else None
+        self.endResetModel()
+
+    def set_device_map(self, device_map: dict[str, Any] | None) -> None:
+        """Update the device column after a map change (no reset: selection and expansion stay)."""
+        if self._tree is None:
+            return
+        self._map_index = MapIndex(self._tree, device_map or {})
+        rows = len(self._tree.root.children)
+        if rows:
+            self.dataChanged.emit(
+                self.index(0, DEVICE_COLUMN), self.index(rows - 1, DEVICE_COLUMN), [DEVICE_ROLE]
+            )
+        self.map_changed.emit()
+
+    def set_trace(self, reasons: dict[str, str]) -> None:
+        """Remember the planner's reason per module; shown in the row tooltips."""
+        self._trace = dict(reasons)
+
+    def node(self, index: AnyIndex) -> ModuleNode | None:
+        """Return the node of a valid index (``None`` for the invisible root)."""
+        if not index.isValid():
+            return None
+        return index.internalPointer()  # type: ignore[no-any-return]
+
+    def index_of(self, name: str, column: int = 0) -> QModelIndex:
+        """Return the index of a module name (invalid when unknown or the root)."""
+        if self._tree is None:
+            return QModelIndex()
+        node = self._tree.get(name)
+        if node is None or node.parent is None:
+            return QModelIndex()
+        return self.createIndex(node.row, column, node)
+
+    # --- structure --------------------------------------------------------------------------
+
+    def _parent_node(self, parent: AnyIndex) -> ModuleNode | None:
+        if parent.isValid():
+            return parent.internalPointer()  # type: ignore[no-any-return]
+        return self._tree.root if self._tree is not None else None
+
+    def index(self, row: int, column: int, parent: AnyIndex = QModelIndex()) -> QModelIndex:  # noqa: B008
+        node = self._parent_node(parent)
+        if node is None or not (0 <= row < len(node.children)) or not (0 <= column < 6):
+            return QModelIndex()
+        return self.createIndex(row, column, node.children[row])
+
+    def parent(self, child: AnyIndex = QModelIndex()) -> QModelIndex:  # type: ignore[override]  # noqa: B008
+        if not child.isValid():
+            return QModelIndex()
+        parent = child.internalPointer().parent
+        if parent is None or parent.parent is None:
+            return QModelIndex()
+        return self.createIndex(parent.row, 0, parent)
+
+    def rowCount(self, parent: AnyIndex = QModelIndex()) -> int:  # noqa: B008
+        if parent.isValid() and parent.column() != 0:
+            return 0
+        node = self._parent_node(parent)
+        return len(node.children) if node is not None else 0
+
+    def columnCount(self, parent: AnyIndex = QModelIndex()) -> int:  # noqa: B008
+        return len(COLUMNS)
+
+    def hasChildren(self, parent: AnyIndex = QModelIndex()) -> bool:  # noqa: B008
+        return self.rowCount(parent) > 0
+
+    def headerData(
+        self,
+        section: int,
+        orientation: Qt.Orientation,
+        role: int = Qt.ItemDataRole.DisplayRole,
+    ) -> Any:
+        horizontal = orientation == Qt.Orientation.Horizontal
+        if horizontal and role == Qt.ItemDataRole.DisplayRole and 0 <= section < len(COLUMNS):
+            return COLUMNS[section]
+        return None
+
+    def flags(self, index: AnyIndex) -> Qt.ItemFlag:
+        if not index.isValid():
+            return Qt.ItemFlag.NoItemFlags
+        return (
+            Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable | Qt.ItemFlag.ItemIsDragEnabled
+        )
+
+    # --- data -------------------------------------------------------------------------------
+
+    def data(self, index: AnyIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid():
+            return None
+        node: ModuleNode = index.internalPointer()
+        column = index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            return self._display(node, column)
+        if role == NAME_ROLE:
+            return node.name
+        if role == SORT_ROLE:
+            return self._sort_value(node, column)
+        if role == DEVICE_ROLE:
+            return self._device(node)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return self._tooltip(node)
+        if role == Qt.ItemDataRole.DecorationRole and column == DEVICE_COLUMN:
+            device = self._device(node)
+            if device is None:
+                return None
+            return mixed_color() if device == MIXED else device_color(device)
+        if role == Qt.ItemDataRole.TextAlignmentRole and column in (PARAMS_COLUMN, SIZE_COLUMN):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        return None
+
+    def _device(self, node: ModuleNode) -> int | str | None:
+        return self._map_index.device_of(node) if self._map_index is not None else None
+
+    def _display(self, node: ModuleNode, column: int) -> str | None:
+        if column == NAME_COLUMN:
+            return node.short_name or "(model)"
+        if column == CLASS_COLUMN:
+            return node.class_name
+        if column == PARAMS_COLUMN:
+            return format_params(node.param_count)
+        if column == SIZE_COLUMN:
+            return format_bytes(node.nbytes)
+        if column == DEVICE_COLUMN:
+            device = self._device(node)
+            if device is None:
+                return "—"
+            return MIXED if device == MIXED else device_label(device)
+        if column == FLAGS_COLUMN:
+            flags = []
+            if node.no_split:
+                flags.append("no-split")
+            if node.tied:
+                flags.append("tied")
+            return " ".join(flags)
+        return None
+
+    def _sort_value(self, node: ModuleNode, column: int) -> Any:
+        if column == PARAMS_COLUMN:
+            return node.param_count
+        if column == SIZE_COLUMN:
+            return node.nbytes
+        if column == CLASS_COLUMN:
+            return node.class_name
+        if column == DEVICE_COLUMN:
+            return self._display(node, column)
+        if column == FLAGS_COLUMN:
+            return int(node.no_split) * 2 + int(node.tied)
+        return node.row  # name: model order
+
+    def _tooltip(self, node: ModuleNode) -> str:
+        lines = [
+            f"<b>{node.name or '(whole model)'}</b> — {node.class_name}",
+            f"{node.param_count:,} parameters",
+            f"{format_bytes(node.nbytes)} planned, {format_bytes(node.stored_nbytes)} stored",
+        ]
+        device = self._device(node)
+        if device == MIXED:
+            lines.append("split over several devices (see its children)")
+        elif device is not None:
+            lines.append(f"on {device_label(device)}")
+        else:
+            lines.append("<span style='color:#dc2626'>not covered by the map</span>")
+        if node.no_split:
+            lines.append("no-split: stays whole on one device")
+        if node.tied and self._tree is not None:
+            partners = sorted(
+                {
+                    name
+                    for group in self._tree.tied_groups
+                    if any(self._tree.tensor_owner[t] == node.name for t in group)
+                    for name in group
+                }
+            )
+            lines.append(f"tied: {', '.join(partners)} move together")
+        reason, current = None, node
+        while reason is None and current is not None:  # a placed parent explains its children
+            reason, current = self._trace.get(current.name), current.parent
+        if reason:
+            lines.append(f"<i>planner:</i> {reason}")
+        return "<br>".join(lines)
+
+    # --- drag -------------------------------------------------------------------------------
+
+    def supportedDragActions(self) -> Qt.DropAction:
+        return Qt.DropAction.MoveAction
+
+    def mimeTypes(self) -> list[str]:
+        return [MODULES_MIME]
+
+    def mimeData(self, indexes: list[QModelIndex]) -> QMimeData:  # type: ignore[override]
+        names = list(
+            dict.fromkeys(self.node(i).name for i in indexes if i.isValid())  # type: ignore[union-attr]
+        )
+        return modules_mime_data(names)

@@ -1,0 +1,322 @@
+"""Menus, the main toolbar, keyboard shortcuts and the tree's context menu of ``MainWindow``.
+
+Kept apart from ``main_window.py`` so the window file stays about layout and state. Every
+action is reachable from the keyboard; Ctrl+1..9 move the selected rows to lane 1..9.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QMimeData, QPoint, Qt
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import QFileDialog, QMenu, QToolBar
+
+from workbench.big_modeling.devices import device_label
+from workbench.gui import settings as app_settings
+from workbench.gui.icons import icon
+
+if TYPE_CHECKING:
+    from workbench.gui.main_window import MainWindow
+
+MAX_LANE_SHORTCUTS = 9
+
+
+def _action(
+    window: MainWindow,
+    text: str,
+    slot: Any,
+    *,
+    shortcut: Any = None,
+    icon_name: str | None = None,
+    tip: str = "",
+) -> QAction:
+    action = QAction(text, window)
+    if shortcut is not None:
+        action.setShortcut(QKeySequence(shortcut))
+    if icon_name:
+        action.setIcon(icon(icon_name))
+    if tip:
+        action.setStatusTip(tip)
+        action.setToolTip(tip)
+    action.triggered.connect(lambda _checked=False: slot())
+    return action
+
+
+def build_actions(window: MainWindow) -> dict[str, QAction]:
+    """Create menus, the ``main_toolbar`` and shortcuts; return the actions by name."""
+    from workbench.gui import map_io
+    from workbench.gui.diff_dialog import show_diff_against_file, show_diff_against_history
+
+    actions = {
+        "open_config": _action(
+            window,
+            "&Open config or folder…",
+            lambda: open_dialog(window),
+            shortcut=QKeySequence.StandardKey.Open,
+            icon_name="open",
+            tip="Open a config.json or a model folder",
+        ),
+        "open_folder": _action(window, "Open model &folder…", lambda: open_folder_dialog(window)),
+        "hf_cache": _action(
+            window, "Hugging Face &cache…", lambda: show_cache_browser(window), icon_name="cache"
+        ),
+        "import_map": _action(
+            window,
+            "&Import device map…",
+            lambda: map_io.import_dialog(window),
+            shortcut="Ctrl+I",
+            icon_name="import-map",
+            tip="Import a device-map JSON (validated before anything changes)",
+        ),
+        "export_map": _action(
+            window,
+            "&Export device map…",
+            lambda: map_io.export_dialog(window),
+            shortcut="Ctrl+E",
+            icon_name="export-map",
+            tip="Export the map in the transformers/Accelerate format",
+        ),
+        "export_wrapped": _action(
+            window,
+            "Export map with model &fingerprint…",
+            lambda: map_io.export_dialog(window, wrapped=True),
+        ),
+        "copy_code": _action(
+            window,
+            "Copy as &code",
+            lambda: map_io.copy_as_code(window),
+            shortcut="Ctrl+Shift+C",
+            icon_name="copy-code",
+            tip="Copy a from_pretrained(device_map=..., max_memory=...) snippet",
+        ),
+        "save_session": _action(
+            window,
+            "&Save session as…",
+            lambda: map_io.save_session_dialog(window),
+            shortcut=QKeySequence.StandardKey.Save,
+            icon_name="save",
+        ),
+        "quit": _action(window, "&Quit", window.close, shortcut=QKeySequence.StandardKey.Quit),
+        "plan": _action(
+            window,
+            "&Plan…",
+            lambda: _show_dock(window.planner_dock),
+            shortcut="Ctrl+P",
+            icon_name="plan",
+            tip="Compare planner strategies and apply one",
+        ),
+        "diff_file": _action(
+            window,
+            "&Diff against map file…",
+            lambda: show_diff_against_file(window),
+            icon_name="diff",
+            tip="Compare the current map with a map file",
+        ),
+        "diff_history": _action(
+            window, "Diff against &earlier state", lambda: show_diff_against_history(window)
+        ),
+        "filter": _action(
+            window,
+            "&Find module",
+            window.tree_panel.filter_edit.setFocus,
+            shortcut=QKeySequence.StandardKey.Find,
+        ),
+        "expand": _action(
+            window,
+            "E&xpand to depth",
+            window.tree_panel.expand_button.click,
+            shortcut="Ctrl+Shift+E",
+        ),
+    }
+    undo = window.undo_stack.createUndoAction(window, "&Undo")
+    undo.setShortcut(QKeySequence.StandardKey.Undo)
+    undo.setIcon(icon("undo"))
+    redo = window.undo_stack.createRedoAction(window, "&Redo")
+    redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence.StandardKey.Redo])
+    redo.setIcon(icon("redo"))
+    actions["undo"], actions["redo"] = undo, redo
+
+    bar = window.menuBar()
+    file_menu = bar.addMenu("&File")
+    for name in ("open_config", "open_folder", "hf_cache"):
+        file_menu.addAction(actions[name])
+    window.whatif_menu = file_menu.addMenu("&What-if model")
+    _fill_whatif_menu(window)
+    window.recent_menu = file_menu.addMenu("&Recent models")
+    file_menu.addSeparator()
+    for name in ("import_map", "export_map", "export_wrapped", "copy_code"):
+        file_menu.addAction(actions[name])
+    file_menu.addSeparator()
+    file_menu.addAction(actions["save_session"])
+    file_menu.addAction(actions["quit"])
+
+    edit_menu = bar.addMenu("&Edit")
+    edit_menu.addAction(undo)
+    edit_menu.addAction(redo)
+    edit_menu.addSeparator()
+    window.move_menu = edit_menu.addMenu("&Move selection to")
+    window.move_menu.aboutToShow.connect(lambda: _fill_move_menu(window, window.move_menu))
+    for number in range(1, MAX_LANE_SHORTCUTS + 1):
+        lane_action = _action(
+            window,
+            f"Move selection to lane {number}",
+            lambda n=number: _move_to_lane(window, n),
+            shortcut=f"Ctrl+{number}",
+        )
+        window.addAction(lane_action)
+        actions[f"lane_{number}"] = lane_action
+
+    view_menu = bar.addMenu("&View")
+    view_menu.addAction(actions["filter"])
+    view_menu.addAction(actions["expand"])
+    view_menu.addSeparator()
+    for dock in (
+        window.planner_dock,
+        window.hardware_dock,
+        window.history_dock,
+        window.bottom_dock,
+    ):
+        view_menu.addAction(dock.toggleViewAction())
+
+    tools_menu = bar.addMenu("&Tools")
+    for name in ("plan", "diff_file", "diff_history"):
+        tools_menu.addAction(actions[name])
+
+    toolbar = QToolBar("Main", window)
+    toolbar.setObjectName("mainToolbar")
+    toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+    toolbar.addAction(actions["open_config"])
+    toolbar.addWidget(window.hardware_selector)
+    toolbar.addAction(actions["plan"])
+    toolbar.addSeparator()
+    toolbar.addAction(actions["import_map"])
+    toolbar.addAction(actions["export_map"])
+    toolbar.addAction(actions["copy_code"])
+    toolbar.addAction(actions["diff_file"])
+    toolbar.addSeparator()
+    toolbar.addAction(undo)
+    toolbar.addAction(redo)
+    window.addToolBar(Qt.ToolBarArea.TopToolBarArea, toolbar)
+    window.main_toolbar = toolbar
+
+    window.tree_view.customContextMenuRequested.connect(lambda pos: _tree_context_menu(window, pos))
+    refresh_recent_menu(window)
+    return actions
+
+
+def _show_dock(dock: Any) -> None:
+    dock.show()
+    dock.raise_()
+
+
+def _fill_whatif_menu(window: MainWindow) -> None:
+    try:
+        from workbench.models.catalog import list_bundled_configs
+
+        entries = list_bundled_configs()
+    except Exception:  # the catalog is optional for the window to work
+        entries = []
+    for entry in entries:
+        action = window.whatif_menu.addAction(entry.name)
+        action.setToolTip(f"{entry.architecture} ({entry.model_type}), shapes only, no weights")
+        action.triggered.connect(lambda _c=False, p=str(entry.path): window.open_source(p))
+
+
+def refresh_recent_menu(window: MainWindow) -> None:
+    """Rebuild File > Recent models from the settings."""
+    menu = window.recent_menu
+    menu.clear()
+    recents = app_settings.recent_models()
+    for source in recents:
+        action = menu.addAction(source)
+        action.triggered.connect(lambda _c=False, s=source: window.open_source(s))
+    menu.setEnabled(bool(recents))
+
+
+def _fill_move_menu(window: MainWindow, menu: QMenu) -> None:
+    menu.clear()
+    for number, lane in enumerate(window.lanes.lanes, start=1):
+        action = menu.addAction(device_label(lane.device))
+        if number <= MAX_LANE_SHORTCUTS:
+            action.setShortcut(QKeySequence(f"Ctrl+{number}"))
+        action.triggered.connect(lambda _c=False, d=lane.device: window.move_selection_to(d))
+
+
+def _move_to_lane(window: MainWindow, number: int) -> None:
+    lanes = window.lanes.lanes
+    if number <= len(lanes):
+        window.move_selection_to(lanes[number - 1].device)
+
+
+def _tree_context_menu(window: MainWindow, pos: QPoint) -> None:
+    menu = QMenu(window)
+    move_menu = menu.addMenu("Move to")
+    _fill_move_menu(window, move_menu)
+    names = window.tree_view.selected_names()
+    copy = menu.addAction("Copy name")
+    copy.setEnabled(bool(names))
+    copy.triggered.connect(lambda: QGuiApplication.clipboard().setText("\n".join(names)))
+    expand = menu.addAction("Expand all below")
+    index = window.tree_view.indexAt(pos)
+    expand.setEnabled(index.isValid())
+    expand.triggered.connect(lambda: window.tree_view.expandRecursively(index))
+    menu.popup(window.tree_view.viewport().mapToGlobal(pos))
+
+
+def open_dialog(window: MainWindow) -> None:
+    path, _ = QFileDialog.getOpenFileName(
+        window, "Open config.json", "", "Model config (*.json);;All files (*)"
+    )
+    if path:
+        window.open_source(path)
+
+
+def open_folder_dialog(window: MainWindow) -> None:
+    path = QFileDialog.getExistingDirectory(window, "Open model folder")
+    if path:
+        window.open_source(path)
+
+
+def show_cache_browser(window: MainWindow) -> None:
+    """List models in the local Hugging Face cache (offline); double-click opens one."""
+    from workbench.gui.cache_browser import CacheBrowser
+
+    browser = CacheBrowser(window)
+    browser.chosen.connect(window.open_source)
+    browser.show()
+
+
+def dropped_paths(mime: QMimeData) -> list[Path]:
+    """Local files or folders in a drop (config.json, model folders, device-map JSON)."""
+    if not mime.hasUrls():
+        return []
+    return [Path(url.toLocalFile()) for url in mime.urls() if url.isLocalFile()]
+
+
+def handle_dropped_path(window: MainWindow, path: Path) -> None:
+    """A folder or ``config.json`` opens a model; any other ``.json`` is imported as a map."""
+    from workbench.gui import map_io
+
+    if path.is_dir() or path.name == "config.json" or _looks_like_config(path):
+        window.open_source(str(path))
+    elif path.suffix == ".json":
+        map_io.import_device_map(window, path)
+    else:
+        window._show_error(
+            "Cannot use this file",
+            f"{path}: drop a model folder, a config.json or a device-map .json",
+        )
+
+
+def _looks_like_config(path: Path) -> bool:
+    """True for a transformers config saved under another name (it names a ``model_type``)."""
+    if path.suffix != ".json" or not path.is_file() or path.stat().st_size > 1_000_000:
+        return False
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and ("model_type" in data or "architectures" in data)

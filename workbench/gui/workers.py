@@ -1,0 +1,90 @@
+"""Run slow work (opening a model, planning a 98k-module tree) off the GUI thread.
+
+``TaskThread`` runs one function in a ``QThread`` and delivers its result or its exception
+through queued signals, so slots run on the GUI thread. Every started thread is tracked until
+it finishes, which lets tests assert that none outlives them (``running_threads``).
+
+Example:
+    >>> thread = TaskThread(open_model, "/models/demo")  # doctest: +SKIP
+    >>> thread.succeeded.connect(window._on_open_succeeded)
+    >>> thread.start()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, Signal
+
+logger = logging.getLogger(__name__)
+
+_RUNNING: set[TaskThread] = set()
+
+
+class TaskThread(QThread):
+    """One function call on a worker thread.
+
+    Signals:
+        succeeded(object): the return value.
+        failed(object): the exception raised (shown by the GUI; the app keeps running).
+
+    Args:
+        function: what to call; it must not touch widgets.
+        args: positional arguments.
+        parent: Qt parent (keeps the thread alive while it runs).
+        kwargs: keyword arguments.
+    """
+
+    succeeded = Signal(object)
+    failed = Signal(object)
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        *args: Any,
+        parent: QObject | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(parent)
+        self._function = function
+        self._args = args
+        self._kwargs = kwargs
+        self.elapsed_s = 0.0
+        self.finished.connect(self._on_thread_finished)
+
+    def start(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        _RUNNING.add(self)
+        super().start(*args, **kwargs)
+
+    def run(self) -> None:
+        start_s = time.perf_counter()
+        try:
+            result = self._function(*self._args, **self._kwargs)
+        except Exception as exc:
+            logger.debug("task %s failed", getattr(self._function, "__name__", "?"), exc_info=True)
+            self.elapsed_s = time.perf_counter() - start_s
+            self.failed.emit(exc)
+            return
+        self.elapsed_s = time.perf_counter() - start_s
+        self.succeeded.emit(result)
+
+    def _on_thread_finished(self) -> None:
+        _RUNNING.discard(self)
+
+
+def running_threads() -> list[TaskThread]:
+    """Return the task threads started and not yet finished."""
+    return [thread for thread in _RUNNING if thread.isRunning()]
+
+
+def wait_for_threads(timeout_ms: int = 10_000) -> bool:
+    """Wait for every running task thread; return True when all finished in time."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    for thread in list(_RUNNING):
+        remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        if not thread.wait(remaining_ms):
+            return False
+    return True

@@ -1,0 +1,380 @@
+"""Hardware the planner plans for: detected on this machine, or a what-if profile.
+
+A profile is a JSON file (``resources/hardware/*.json`` ship with the app; users add their own
+under ``$XDG_CONFIG_HOME/model-memory-workbench/hardware/``)::
+
+    {
+      "name": "rtx4090-64gb",
+      "description": "One 24 GB consumer GPU, 64 GB RAM, NVMe SSD",
+      "host_to_device_gbps": 25.0,        # pinned host -> GPU copies, GB/s (PCIe 4.0 x16)
+      "disk_read_gbps": 5.0,              # sequential reads from the offload folder, GB/s
+      "devices": [
+        {"device": 0, "name": "GeForce RTX 4090", "memory": "24GiB",
+         "compute_tflops": 165, "memory_bandwidth_gbps": 1008},
+        {"device": "cpu", "name": "DDR5", "memory": "64GiB",
+         "compute_tflops": 1.0, "memory_bandwidth_gbps": 60},
+        {"device": "disk", "name": "NVMe", "memory": "2TB"}
+      ]
+    }
+
+Memories accept bytes or strings (``"24GiB"``, ``"80GB"``); bandwidths are decimal GB/s;
+compute is dense 16-bit TFLOP/s.
+
+Example:
+    >>> profile = load_profile("rtx4090-64gb")  # doctest: +SKIP
+    >>> profile.budgets()
+    {0: 25769803776, 'cpu': 68719476736, 'disk': 2000000000000}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.big_modeling.devices import device_sort_key, normalize_device
+from workbench.big_modeling.errors import BadInputError
+from workbench.models.errors import ProfileError
+from workbench.models.units import parse_bytes
+
+logger = logging.getLogger(__name__)
+
+DETECTED_NAME = "detected"
+DEFAULT_HOST_TO_DEVICE_GBPS = 25.0  # PCIe 4.0 x16 with pinned memory
+DEFAULT_DISK_READ_GBPS = 2.0  # a mid-range NVMe SSD
+DEFAULT_CPU_TFLOPS = 0.5
+DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS = 40.0
+
+# Dense bf16 TFLOP/s and HBM GB/s of well-known GPUs, for detected hardware (matched by name).
+_KNOWN_GPUS: tuple[tuple[str, float, float], ...] = (
+    ("H200", 989.0, 4800.0),
+    ("H100", 989.0, 3350.0),
+    ("A100", 312.0, 2039.0),
+    ("L40S", 362.0, 864.0),
+    ("A10", 125.0, 600.0),
+    ("L4", 121.0, 300.0),
+    ("T4", 65.0, 320.0),
+    ("V100", 125.0, 900.0),
+    ("RTX 4090", 165.0, 1008.0),
+    ("RTX 3090", 71.0, 936.0),
+    ("RTX 4080", 97.0, 717.0),
+)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One memory tier: an accelerator, the CPU RAM, or the disk.
+
+    Attributes:
+        device: canonical device-map value (``0``, ``"cpu"``, ``"disk"``).
+        name: what users see ("NVIDIA H200").
+        memory_bytes: total capacity.
+        free_bytes: free capacity when detected, else ``None`` (a what-if profile).
+        compute_tflops: dense 16-bit TFLOP/s (0 for disk).
+        memory_bandwidth_gbps: device memory bandwidth, GB/s (0 for disk).
+    """
+
+    device: int | str
+    name: str
+    memory_bytes: int
+    free_bytes: int | None = None
+    compute_tflops: float = 0.0
+    memory_bandwidth_gbps: float = 0.0
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.device not in ("cpu", "disk")
+
+    @property
+    def budget_bytes(self) -> int:
+        """What the planner may use: the free bytes when detected, else the total."""
+        return self.memory_bytes if self.free_bytes is None else self.free_bytes
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A machine: its devices and the links between them.
+
+    Attributes:
+        name: profile name (file stem, or ``"detected"``).
+        description: one line for menus.
+        devices: accelerators by index, then cpu, then disk.
+        host_to_device_gbps: host RAM -> accelerator copy bandwidth, GB/s.
+        disk_read_gbps: offload-folder read bandwidth, GB/s.
+        source: the JSON file, or ``None`` for detected hardware.
+    """
+
+    name: str
+    description: str
+    devices: tuple[DeviceSpec, ...]
+    host_to_device_gbps: float = DEFAULT_HOST_TO_DEVICE_GBPS
+    disk_read_gbps: float = DEFAULT_DISK_READ_GBPS
+    source: Path | None = field(default=None, compare=False)
+
+    def budgets(self) -> dict[int | str, int]:
+        """Return ``{device: budget_bytes}`` for ``max_memory`` (GPUs, then cpu, then disk)."""
+        return {spec.device: spec.budget_bytes for spec in self.devices}
+
+    def device(self, device: int | str) -> DeviceSpec:
+        """Return the spec of one device.
+
+        Raises:
+            ProfileError: when the profile has no such device (lists the ones it has).
+        """
+        wanted = normalize_device(device)
+        for spec in self.devices:
+            if spec.device == wanted:
+                return spec
+        have = ", ".join(str(spec.device) for spec in self.devices)
+        raise ProfileError(
+            f"hardware profile {self.name!r} has no device {wanted!r}; it has {have}"
+        )
+
+    def has_device(self, device: int | str) -> bool:
+        wanted = normalize_device(device)
+        return any(spec.device == wanted for spec in self.devices)
+
+    @property
+    def accelerators(self) -> tuple[DeviceSpec, ...]:
+        return tuple(spec for spec in self.devices if spec.is_accelerator)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
+        """Rebuild a profile from ``to_dict`` data (raises ``ProfileError`` when malformed)."""
+        return profile_from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the profile as the JSON data ``load_profile`` reads."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "host_to_device_gbps": self.host_to_device_gbps,
+            "disk_read_gbps": self.disk_read_gbps,
+            "devices": [
+                {
+                    "device": spec.device,
+                    "name": spec.name,
+                    "memory": spec.memory_bytes,
+                    **({"free": spec.free_bytes} if spec.free_bytes is not None else {}),
+                    "compute_tflops": spec.compute_tflops,
+                    "memory_bandwidth_gbps": spec.memory_bandwidth_gbps,
+                }
+                for spec in self.devices
+            ],
+        }
+
+
+def user_profiles_dir() -> Path:
+    """Return the folder for the user's own profiles (it may not exist)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "model-memory-workbench" / "hardware"
+
+
+def bundled_profiles_dir() -> Path:
+    from workbench.resources import resources_root
+
+    return resources_root() / "hardware"
+
+
+def list_profiles(*, include_detected: bool = False) -> list[HardwareProfile]:
+    """Return the bundled profiles, then the user's (a user file overrides a bundled name).
+
+    A malformed user file is skipped with a warning in the log, so one bad file does not hide
+    the others; ``load_profile`` on it raises the full error.
+    """
+    found: dict[str, HardwareProfile] = {}
+    for folder in (bundled_profiles_dir(), user_profiles_dir()):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.json")):
+            try:
+                profile = _read_profile(path)
+            except ProfileError as exc:
+                logger.warning("skipping hardware profile %s: %s", path, exc)
+                continue
+            found[profile.name] = profile
+    profiles = list(found.values())
+    if include_detected:
+        profiles.insert(0, detect_hardware())
+    return profiles
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
+    """Return a profile by name (bundled or user), by JSON path, or ``"detected"``.
+
+    Raises:
+        ProfileError: unknown name (lists the known ones) or a malformed file.
+
+    Example:
+        >>> load_profile("cpu-laptop-16gb").budgets()["cpu"]  # doctest: +SKIP
+        17179869184
+    """
+    text = os.fspath(name_or_path)
+    if text in (DETECTED_NAME, "local"):
+        return detect_hardware()
+    path = Path(text)
+    if text.endswith(".json") or path.is_file():
+        if not path.is_file():
+            raise ProfileError(f"hardware profile file {text!r} does not exist")
+        return _read_profile(path)
+    profiles = {profile.name: profile for profile in list_profiles()}
+    if text in profiles:
+        return profiles[text]
+    known = ", ".join(sorted([*profiles, DETECTED_NAME]))
+    raise ProfileError(
+        f"unknown hardware profile {text!r}; known profiles: {known} (or give a .json path)"
+    )
+
+
+def detect_hardware(offload_folder: str | os.PathLike[str] | None = None) -> HardwareProfile:
+    """Describe this machine: each CUDA device (total and free), CPU RAM, and the free disk
+    where ``offload_folder`` (or the current folder) lives. Bandwidths are typical values,
+    not measurements."""
+    import psutil
+    import torch
+
+    devices: list[DeviceSpec] = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            free_bytes, total_bytes = torch.cuda.mem_get_info(index)
+            tflops, bandwidth = _known_gpu_speed(props.name)
+            devices.append(
+                DeviceSpec(index, props.name, int(total_bytes), int(free_bytes), tflops, bandwidth)
+            )
+    ram = psutil.virtual_memory()
+    devices.append(
+        DeviceSpec(
+            "cpu",
+            f"RAM ({psutil.cpu_count(logical=False) or psutil.cpu_count()} cores)",
+            int(ram.total),
+            int(ram.available),
+            DEFAULT_CPU_TFLOPS,
+            DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS,
+        )
+    )
+    disk_at = Path(offload_folder) if offload_folder is not None else Path.cwd()
+    while not disk_at.exists() and disk_at != disk_at.parent:
+        disk_at = disk_at.parent
+    usage = shutil.disk_usage(disk_at)
+    devices.append(DeviceSpec("disk", f"disk at {disk_at}", int(usage.total), int(usage.free)))
+    return HardwareProfile(
+        name=DETECTED_NAME,
+        description="this machine (detected; bandwidths are typical values)",
+        devices=tuple(devices),
+    )
+
+
+def _known_gpu_speed(name: str) -> tuple[float, float]:
+    upper = name.upper()
+    for key, tflops, bandwidth in _KNOWN_GPUS:
+        if key in upper:
+            return tflops, bandwidth
+    return 100.0, 1000.0
+
+
+def _read_profile(path: Path) -> HardwareProfile:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"hardware profile {path} is not readable JSON: {exc}") from exc
+    return profile_from_dict(data, source=path)
+
+
+def profile_from_dict(data: Any, *, source: Path | None = None) -> HardwareProfile:
+    """Build a profile from JSON data (what ``HardwareProfile.to_dict`` writes).
+
+    Raises:
+        ProfileError: naming the file (or "hardware profile data"), the device and the problem.
+    """
+    where_file = f"hardware profile {source}" if source else "hardware profile data"
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where_file} must hold a JSON object")
+    raw_devices = data.get("devices")
+    if not isinstance(raw_devices, list) or not raw_devices:
+        raise ProfileError(f"{where_file} needs a non-empty 'devices' list")
+    devices: list[DeviceSpec] = []
+    for position, raw in enumerate(raw_devices):
+        where = f"{where_file}, devices[{position}]"
+        if not isinstance(raw, dict) or "device" not in raw or "memory" not in raw:
+            raise ProfileError(f"{where} needs at least 'device' and 'memory'")
+        try:
+            device = normalize_device(raw["device"])
+            free = raw.get("free")
+            devices.append(
+                DeviceSpec(
+                    device=device,
+                    name=str(raw.get("name", device)),
+                    memory_bytes=parse_bytes(raw["memory"]),
+                    free_bytes=None if free is None else parse_bytes(free),
+                    compute_tflops=float(raw.get("compute_tflops", 0.0)),
+                    memory_bandwidth_gbps=float(raw.get("memory_bandwidth_gbps", 0.0)),
+                )
+            )
+        except (BadInputError, TypeError, ValueError) as exc:
+            raise ProfileError(f"{where}: {exc}") from exc
+    seen = [spec.device for spec in devices]
+    duplicates = sorted({str(d) for d in seen if seen.count(d) > 1})
+    if duplicates:
+        raise ProfileError(f"{where_file} lists devices twice: {', '.join(duplicates)}")
+    devices.sort(key=lambda spec: device_sort_key(spec.device))
+    try:
+        return HardwareProfile(
+            name=str(data.get("name") or (source.stem if source else "custom")),
+            description=str(data.get("description", "")),
+            devices=tuple(devices),
+            host_to_device_gbps=float(data.get("host_to_device_gbps", DEFAULT_HOST_TO_DEVICE_GBPS)),
+            disk_read_gbps=float(data.get("disk_read_gbps", DEFAULT_DISK_READ_GBPS)),
+            source=source,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ProfileError(f"{where_file}: bad bandwidth value: {exc}") from exc
+
+
+def profile_for_budgets(
+    budgets: dict[int | str, int], base: HardwareProfile | None = None
+) -> HardwareProfile:
+    """Return a profile with exactly the devices and memories of ``budgets``.
+
+    Speeds come from ``base`` where it has the device, else from typical values (a generic
+    100 TFLOP/s, 1000 GB/s GPU; the default CPU). Used to predict speed for ``--max-memory``
+    plans on hardware this machine does not have.
+    """
+    from dataclasses import replace
+
+    devices = []
+    for device, nbytes in budgets.items():
+        canonical = normalize_device(device)
+        if base is not None and base.has_device(canonical):
+            spec = replace(base.device(canonical), memory_bytes=int(nbytes), free_bytes=None)
+        elif isinstance(canonical, int):
+            spec = DeviceSpec(
+                canonical, f"GPU {canonical} (assumed)", int(nbytes), None, 100.0, 1000.0
+            )
+        elif canonical == "disk":
+            spec = DeviceSpec("disk", "disk (assumed)", int(nbytes))
+        else:
+            spec = DeviceSpec(
+                canonical,
+                f"{canonical} (assumed)",
+                int(nbytes),
+                None,
+                DEFAULT_CPU_TFLOPS,
+                DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS,
+            )
+        devices.append(spec)
+    if not any(spec.device == "disk" for spec in devices):
+        devices.append(DeviceSpec("disk", "disk (assumed)", 0))
+    devices.sort(key=lambda spec: device_sort_key(spec.device))
+    return HardwareProfile(
+        name=base.name if base is not None else "custom",
+        description=base.description if base is not None else "budgets from --max-memory",
+        devices=tuple(devices),
+        host_to_device_gbps=base.host_to_device_gbps if base else DEFAULT_HOST_TO_DEVICE_GBPS,
+        disk_read_gbps=base.disk_read_gbps if base else DEFAULT_DISK_READ_GBPS,
+        source=base.source if base else None,
+    )

@@ -1,0 +1,393 @@
+"""Open a model from what the user has: a ``config.json``, a Hugging Face-format folder, a model
+in the local Hugging Face cache (``hf-cache:org/name``), or a bundled config by name
+(``llama-3.1-70b``). Never touches the network.
+
+The model is built by transformers under our ``init_empty_weights``, so it costs no RAM for
+weights. When the folder holds weights, sizes and dtypes come from the checkpoint's headers.
+
+Example:
+    >>> opened = open_model("llama-3.1-70b", dtype="float16")  # doctest: +SKIP
+    >>> opened.tree.root.param_count, opened.no_split_modules
+    (70553706496, ['LlamaDecoderLayer'])
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.models.catalog import bundled_config_path, is_bundled_name
+from workbench.models.dtypes import parse_dtype
+from workbench.models.errors import ModelSourceError
+from workbench.models.hf_cache import HF_CACHE_PREFIX, resolve_cached_model
+from workbench.models.tree import ModuleTree, build_module_tree
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# Fields that fix a model's size; transformers fills defaults silently, which would describe a
+# different model, so a config.json must state them (or their alias, e.g. GPT-2's n_embd).
+REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size")
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+@dataclass
+class OpenedModel:
+    """A model opened for planning: its config, empty-weight module and tree.
+
+    Attributes:
+        source: what the user gave (path, ``hf-cache:...`` or bundled name).
+        config: the transformers ``PretrainedConfig``.
+        model: the module with ``meta`` weights (buffers real).
+        checkpoint: the header-only index of the weights, or ``None`` without weights.
+        no_split_modules: class names that must stay on one device, sorted.
+        tied_groups: tensor names sharing one tensor (each group sorted).
+        declared_dtype: the config's ``dtype``/``torch_dtype``, or ``None``.
+        tree: the module tree, bytes in ``planning_dtype``.
+        tokenizer_dir: the folder holding tokenizer files, or ``None``.
+        folder: the model folder, or ``None`` for a bare config.
+        config_path: the ``config.json`` read.
+        model_class: the transformers class built (``"LlamaForCausalLM"``).
+        planning_dtype: the dtype the tree counts floating weights in (``None`` = as stored).
+        tied_weight_keys: the class's declared tied keys (``_tied_weights_keys``).
+        missing_keys: model tensors the checkpoint lacks (tied aliases and non-persistent
+            buffers excluded), sorted.
+        unexpected_keys: checkpoint tensors the model does not have, sorted.
+        build_s: seconds spent building the empty model.
+    """
+
+    source: str
+    config: Any
+    model: torch.nn.Module
+    checkpoint: Any
+    no_split_modules: list[str]
+    tied_groups: list[list[str]]
+    declared_dtype: torch.dtype | None
+    tree: ModuleTree
+    tokenizer_dir: Path | None = None
+    folder: Path | None = None
+    config_path: Path | None = None
+    model_class: str = ""
+    planning_dtype: torch.dtype | None = None
+    tied_weight_keys: list[str] = field(default_factory=list)
+    missing_keys: list[str] = field(default_factory=list)
+    unexpected_keys: list[str] = field(default_factory=list)
+    build_s: float = 0.0
+
+    @property
+    def has_weights(self) -> bool:
+        return self.checkpoint is not None
+
+    @property
+    def label(self) -> str:
+        """A short name for titles: the folder or config stem."""
+        if self.folder is not None:
+            return self.folder.name
+        return Path(self.source).name.removesuffix(".json")
+
+    def with_dtype(self, dtype: str | torch.dtype | None) -> OpenedModel:
+        """Return a copy whose tree counts floating weights in ``dtype`` (same model object)."""
+        planning = parse_dtype(dtype)
+        return replace(
+            self,
+            tree=_tree_for(self.model, self.checkpoint, planning, self.no_split_modules),
+            planning_dtype=planning,
+        )
+
+
+def resolve_source(source: str | os.PathLike[str]) -> tuple[Path, Path | None]:
+    """Return ``(config_path, folder)`` for a source; ``folder`` is ``None`` for a bare config.
+
+    Raises:
+        ModelSourceError: a folder without ``config.json``, a file that is not JSON, or a name
+            that is neither a path, a bundled config nor a cached repo.
+    """
+    text = os.fspath(source)
+    if text.startswith(HF_CACHE_PREFIX):
+        folder = resolve_cached_model(text)
+        return folder / CONFIG_NAME, folder
+    path = Path(text).expanduser()
+    if path.is_dir():
+        config_path = path / CONFIG_NAME
+        if not config_path.is_file():
+            present = sorted(p.name for p in path.iterdir())[:8]
+            raise ModelSourceError(
+                f"folder {path} has no {CONFIG_NAME} (it holds: {', '.join(present) or 'nothing'}); "
+                "open a Hugging Face-format folder or a config.json file"
+            )
+        return config_path, path
+    if path.is_file():
+        if path.suffix in WEIGHT_SUFFIXES:
+            raise ModelSourceError(
+                f"{path} is a weights file; open the folder holding it and its {CONFIG_NAME}"
+            )
+        if path.name == CONFIG_NAME and _has_weights(path.parent):
+            return path, path.parent
+        return path, None
+    if is_bundled_name(text):
+        return bundled_config_path(text), None
+    if _REPO_ID.match(text) and not text.startswith("."):
+        try:
+            folder = resolve_cached_model(text)
+        except ModelSourceError:
+            pass
+        else:
+            return folder / CONFIG_NAME, folder
+    # Raises with the closest bundled names.
+    return bundled_config_path(text), None
+
+
+def open_model(
+    source: str | os.PathLike[str],
+    *,
+    dtype: str | torch.dtype | None = None,
+) -> OpenedModel:
+    """Open ``source`` as an empty-weight model with its tree (see the module docs).
+
+    Args:
+        source: a ``config.json``, a model folder, ``hf-cache:org/name`` or a bundled name.
+        dtype: planning dtype for floating weights; ``None`` counts them as stored (or as
+            declared when there are no weights).
+
+    Returns:
+        An ``OpenedModel``.
+
+    Raises:
+        ModelSourceError: no config, malformed config, unknown ``model_type``, missing required
+            fields, or transformers failing to build the class (named).
+        CheckpointError: a corrupt or incomplete checkpoint in the folder.
+    """
+    planning = parse_dtype(dtype)
+    config_path, folder = resolve_source(source)
+    data = read_config(config_path)
+    config = build_config(data, config_path)
+    declared = declared_dtype(config)
+    start = time.perf_counter()
+    model, class_name = build_empty_model(config, config_path)
+    build_s = time.perf_counter() - start
+    checkpoint = None
+    if folder is not None and _has_weights(folder):
+        from workbench.big_modeling.checkpoint import CheckpointIndex
+
+        checkpoint = CheckpointIndex.from_path(folder)
+    no_split = sorted(getattr(model, "_no_split_modules", None) or [])
+    tree = _tree_for(model, checkpoint, planning, no_split)
+    missing, unexpected = _compare_keys(model, tree, checkpoint)
+    if missing or unexpected:
+        logger.warning(
+            "%s: checkpoint and model differ: %d missing, %d unexpected tensors",
+            folder,
+            len(missing),
+            len(unexpected),
+        )
+    tied_keys = getattr(model, "_tied_weights_keys", None) or []
+    return OpenedModel(
+        source=os.fspath(source),
+        config=config,
+        model=model,
+        checkpoint=checkpoint,
+        no_split_modules=no_split,
+        tied_groups=tree.tied_groups,
+        declared_dtype=declared,
+        tree=tree,
+        tokenizer_dir=folder if folder is not None and _has_tokenizer(folder) else None,
+        folder=folder,
+        config_path=config_path,
+        model_class=class_name,
+        planning_dtype=planning,
+        tied_weight_keys=sorted(tied_keys),
+        missing_keys=missing,
+        unexpected_keys=unexpected,
+        build_s=build_s,
+    )
+
+
+def read_config(config_path: Path) -> dict[str, Any]:
+    """Return the JSON object in ``config_path``.
+
+    Raises:
+        ModelSourceError: unreadable file, invalid JSON (with line and column), not an object.
+    """
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelSourceError(f"cannot read {config_path}: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelSourceError(
+            f"{config_path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ModelSourceError(
+            f"{config_path} must hold a JSON object, found {type(data).__name__}"
+        )
+    return data
+
+
+def build_config(data: dict[str, Any], config_path: Path) -> Any:
+    """Return the transformers config for ``data`` (read from ``config_path``).
+
+    Raises:
+        ModelSourceError: no or unknown ``model_type`` (with close names), missing required
+            fields, or values transformers rejects.
+    """
+    from transformers import CONFIG_MAPPING
+
+    model_type = data.get("model_type")
+    if not model_type:
+        raise ModelSourceError(
+            f'{config_path} has no \'model_type\'; add the model family, e.g. "model_type": "llama"'
+        )
+    if model_type not in CONFIG_MAPPING:
+        known = list(CONFIG_MAPPING.keys())
+        close = difflib.get_close_matches(str(model_type), known, n=5, cutoff=0.6)
+        hint = f"; close names transformers knows: {', '.join(close)}" if close else ""
+        raise ModelSourceError(
+            f"{config_path}: model_type {model_type!r} is unknown to transformers"
+            f"{hint}. Fix 'model_type' or upgrade transformers."
+        )
+    config_class = CONFIG_MAPPING[model_type]
+    missing = _missing_required(data, config_class)
+    if missing:
+        raise ModelSourceError(
+            f"{config_path} is missing required fields for {model_type}: {', '.join(missing)}; "
+            "without them transformers would use defaults that describe another model"
+        )
+    try:
+        config = config_class.from_dict(data)
+    except Exception as exc:
+        raise ModelSourceError(
+            f"{config_path}: transformers rejects this {model_type} config: {exc}"
+        ) from exc
+    config._name_or_path = str(config_path.parent)
+    return config
+
+
+def build_empty_model(config: Any, config_path: Path | None = None) -> tuple[torch.nn.Module, str]:
+    """Build the model class of ``config`` with meta weights; return it and its class name.
+
+    The class is ``config.architectures[0]`` when transformers has it, else the
+    ``AutoModelForCausalLM`` mapping, else ``AutoModel``.
+
+    Raises:
+        ModelSourceError: naming the class transformers could not build and why.
+    """
+    import transformers
+
+    from workbench.big_modeling.empty_init import init_empty_weights
+
+    architectures = getattr(config, "architectures", None) or []
+    candidates: list[Any] = []
+    for name in architectures[:1]:
+        cls = getattr(transformers, name, None)
+        if cls is None:
+            logger.warning(
+                "%s: transformers has no class %s; using the auto class", config_path, name
+            )
+        else:
+            candidates.append(cls)
+    candidates += [transformers.AutoModelForCausalLM, transformers.AutoModel]
+    errors: list[str] = []
+    build_dtype = declared_dtype(config) or torch.float32
+    if not build_dtype.is_floating_point:
+        build_dtype = torch.float32
+    for cls in candidates:
+        is_auto = cls.__name__.startswith("Auto")
+        try:
+            with init_empty_weights():
+                if is_auto:
+                    model = cls.from_config(config, dtype=build_dtype)
+                else:
+                    model = cls._from_config(config, dtype=build_dtype)
+        except Exception as exc:
+            errors.append(f"{cls.__name__}: {type(exc).__name__}: {exc}")
+            if not is_auto:
+                break  # the named architecture failed: report it rather than guess
+            continue
+        return model.eval(), type(model).__name__
+    where = f" from {config_path}" if config_path else ""
+    raise ModelSourceError(f"transformers could not build the model{where}: " + " | ".join(errors))
+
+
+def declared_dtype(config: Any) -> torch.dtype | None:
+    """Return the dtype the config declares (``dtype`` or ``torch_dtype``), or ``None``."""
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    try:
+        return parse_dtype(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _missing_required(data: dict[str, Any], config_class: Any) -> list[str]:
+    if getattr(config_class, "sub_configs", None):
+        return []  # composite configs (vision-language) keep sizes in sub-configs
+    aliases = getattr(config_class, "attribute_map", {}) or {}
+    try:
+        defaults = config_class()
+    except Exception:
+        return []
+    missing = []
+    for name in REQUIRED_FIELDS:
+        if not hasattr(defaults, name):
+            continue
+        if name in data or aliases.get(name) in data:
+            continue
+        alias = aliases.get(name)
+        missing.append(f"{name} (or {alias})" if alias else name)
+    return sorted(missing)
+
+
+def _tree_for(
+    model: torch.nn.Module,
+    checkpoint: Any,
+    planning: torch.dtype | None,
+    no_split: list[str],
+) -> ModuleTree:
+    stored_nbytes = stored_dtypes = None
+    if checkpoint is not None:
+        stored_nbytes = {name: info.nbytes for name, info in checkpoint.tensors.items()}
+        stored_dtypes = {name: info.dtype for name, info in checkpoint.tensors.items()}
+    return build_module_tree(
+        model,
+        dtype=planning,
+        stored_nbytes=stored_nbytes,
+        stored_dtypes=stored_dtypes,
+        no_split_classes=no_split,
+    )
+
+
+def _compare_keys(
+    model: torch.nn.Module, tree: ModuleTree, checkpoint: Any
+) -> tuple[list[str], list[str]]:
+    if checkpoint is None:
+        return [], []
+    expected = set(model.state_dict(keep_vars=True).keys())
+    in_checkpoint = set(checkpoint.tensors)
+    tied_aliases = {name for group in tree.tied_groups for name in group}
+    missing = sorted(name for name in expected - in_checkpoint if name not in tied_aliases)
+    unexpected = sorted(in_checkpoint - expected)
+    return missing, unexpected
+
+
+def _has_weights(folder: Path) -> bool:
+    return any(
+        entry.suffix in WEIGHT_SUFFIXES or entry.name.endswith(".index.json")
+        for entry in folder.iterdir()
+        if entry.is_file()
+    )
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)

@@ -1,0 +1,296 @@
+"""Predict decode speed and time to first token of a device map on a hardware profile.
+
+A cost model in the spirit of FlexGen (Sheng et al., 2023): every forward pass moves the
+weights that do not live on their execution device, and every layer then runs on that device
+for the time its compute or its memory traffic takes, whichever is longer.
+
+The model is cut into *layers*: the no-split blocks (e.g. ``model.layers.17``) and, outside
+them, each module that holds tensors directly (``model.embed_tokens``, ``lm_head``). For each
+layer with ``W`` planning bytes and ``N`` parameters, stored on tier ``s`` and executed on
+device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GPU; else the CPU):
+
+    transfer_s  = W / BW_h2d                      if s == "cpu" and e is a GPU
+                = W / BW_disk (+ W / BW_h2d)      if s == "disk" (the second term when e is a GPU)
+                = 0                               otherwise
+    decode      = max(2 N B / (F_e * mfu), W / (M_e * mbu))      one token, batch B
+    prefill     = max(2 N B P / (F_e * mfu), W / (M_e * mbu))    a prompt of P tokens
+    layer time  = max(transfer_s, compute)  with prefetch (the next layer's copy overlaps this
+                                            layer's compute, as a copy stream does)
+                = transfer_s + compute      without prefetch
+
+    per-token decode time = sum of decode layer times;  tokens_per_s = B / that time
+    ttft_s                = sum of prefill layer times + one decode step
+
+``F`` is the device's dense 16-bit TFLOP/s, ``M`` its memory bandwidth, ``BW_*`` the profile's
+link bandwidths, all in decimal units; ``mfu`` (0.5) and ``mbu`` (0.8) are the fractions of
+peak that real kernels reach.
+
+Limits: attention's quadratic term and the KV cache are not counted (fine for short prompts);
+activations moving between GPUs are ignored (kilobytes per token); one prefetch slot is assumed
+(the overlap can never hide more than one layer's compute); disk reads assume the page cache is
+cold; CPU compute for CPU-only plans uses the profile's CPU TFLOP/s and memory bandwidth.
+The prediction is a floor for transfer-bound plans and a rough guide elsewhere; the app shows
+it next to what it measures.
+
+Example:
+    >>> prediction = predict_speed(opened, {"": 0}, load_profile("h200-141gb"))  # doctest: +SKIP
+    >>> round(prediction.tokens_per_s, 1)
+    120.3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from workbench.big_modeling.devices import normalize_device
+from workbench.big_modeling.errors import DeviceMapError
+from workbench.models.hardware import HardwareProfile
+from workbench.models.tree import ModuleNode, ModuleTree
+
+if TYPE_CHECKING:
+    from workbench.models.intake import OpenedModel
+
+MODEL_FLOPS_UTILIZATION = 0.5
+MEMORY_BANDWIDTH_UTILIZATION = 0.8
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class LayerPrediction:
+    """One layer's share of a decode step.
+
+    Attributes:
+        name: module name (``model.layers.3``).
+        device: where its weights live (``0``, ``"cpu"``, ``"disk"``).
+        nbytes: planning bytes of its weights.
+        transfer_s: seconds to bring them to the execution device, per forward.
+        compute_s: seconds of decode compute (one token) on the execution device.
+        execution_device: where it runs.
+        prefill_compute_s: seconds of compute for the whole prompt.
+        time_s: the layer's contribution to one decode step (overlapped or summed).
+    """
+
+    name: str
+    device: int | str
+    nbytes: int
+    transfer_s: float
+    compute_s: float
+    execution_device: int | str = "cpu"
+    prefill_compute_s: float = 0.0
+    time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpeedPrediction:
+    """The predicted speed of a plan.
+
+    Attributes:
+        tokens_per_s: decode throughput (batch tokens per second).
+        ttft_s: time to first token for ``prompt_tokens``.
+        per_layer: one ``LayerPrediction`` per layer, in model order.
+        decode_s: seconds per decode step.
+        transfer_s: seconds per step spent moving weights (before overlap).
+        compute_s: seconds per step of compute (before overlap).
+        bottleneck: ``"compute"``, ``"memory"`` or the slowest link (``"host-to-device"``,
+            ``"disk"``), for a one-line summary.
+        prefetch: whether transfers overlap compute.
+        prompt_tokens: the prompt length used for ``ttft_s``.
+    """
+
+    tokens_per_s: float
+    ttft_s: float
+    per_layer: list[LayerPrediction]
+    decode_s: float = 0.0
+    transfer_s: float = 0.0
+    compute_s: float = 0.0
+    bottleneck: str = "compute"
+    prefetch: bool = True
+    prompt_tokens: int = 128
+
+    def summary(self) -> str:
+        """One line: ``"0.41 tok/s, TTFT 12.3 s (transfer-bound: disk)"``."""
+        return (
+            f"{self.tokens_per_s:.3g} tok/s, TTFT {self.ttft_s:.3g} s "
+            f"({self.bottleneck}-bound, prefetch {'on' if self.prefetch else 'off'})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_s": self.ttft_s,
+            "decode_s": self.decode_s,
+            "transfer_s": self.transfer_s,
+            "compute_s": self.compute_s,
+            "bottleneck": self.bottleneck,
+            "prefetch": self.prefetch,
+            "prompt_tokens": self.prompt_tokens,
+            "per_layer": [layer.__dict__ for layer in self.per_layer],
+        }
+
+
+def predict_speed(
+    opened_or_tree: OpenedModel | ModuleTree,
+    device_map: Mapping[str, int | str],
+    profile: HardwareProfile,
+    *,
+    prefetch: bool = True,
+    prompt_tokens: int = 128,
+    batch_size: int = 1,
+    mfu: float = MODEL_FLOPS_UTILIZATION,
+    mbu: float = MEMORY_BANDWIDTH_UTILIZATION,
+) -> SpeedPrediction:
+    """Predict per-token decode time and time to first token (formula in the module docs).
+
+    Args:
+        opened_or_tree: an ``OpenedModel`` or its ``ModuleTree`` (planning bytes are used).
+        device_map: module name -> device, as planned (``""`` covers everything).
+        profile: the hardware; every device in the map must be in it.
+        prefetch: whether the next layer's weights are copied while this one computes.
+        prompt_tokens: prompt length for the time to first token.
+        batch_size: sequences decoded together.
+
+    Returns:
+        A ``SpeedPrediction`` with a per-layer breakdown.
+
+    Raises:
+        DeviceMapError: when the map leaves a tensor without a device or uses a device the
+            profile does not have.
+    """
+    tree = opened_or_tree if isinstance(opened_or_tree, ModuleTree) else opened_or_tree.tree
+    placement = {name: normalize_device(device) for name, device in device_map.items()}
+    missing_devices = sorted(
+        {str(d) for d in placement.values() if d != "meta" and not profile.has_device(d)}
+    )
+    if missing_devices:
+        raise DeviceMapError(
+            f"device map uses {', '.join(missing_devices)}, which hardware profile "
+            f"{profile.name!r} does not have; pick a profile with these devices or re-plan"
+        )
+    gpus = sorted(d for d in set(placement.values()) if isinstance(d, int))
+    main_device: int | str = gpus[0] if gpus else "cpu"
+    h2d_bw = profile.host_to_device_gbps * GB
+    disk_bw = profile.disk_read_gbps * GB
+
+    layers: list[LayerPrediction] = []
+    uncovered: list[str] = []
+    for unit in _iter_layers(tree.root):
+        bytes_by_tier: dict[int | str, int] = {}
+        for tensor_name in _unit_tensors(unit):
+            nbytes = tree.tensor_nbytes.get(tensor_name)
+            if nbytes is None:  # a tied alias: counted under its first name
+                continue
+            tier = _lookup(placement, tensor_name)
+            if tier is None:
+                uncovered.append(tensor_name)
+                continue
+            bytes_by_tier[tier] = bytes_by_tier.get(tier, 0) + nbytes
+        if not bytes_by_tier:
+            continue
+        home = max(bytes_by_tier, key=lambda d: bytes_by_tier[d])
+        execution = home if isinstance(home, int) else main_device
+        transfer_s = 0.0
+        for tier, nbytes in bytes_by_tier.items():
+            if tier == "disk":
+                transfer_s += nbytes / disk_bw
+            if tier in ("cpu", "disk") and isinstance(execution, int):
+                transfer_s += nbytes / h2d_bw
+        nbytes = sum(bytes_by_tier.values())
+        spec = profile.device(execution)
+        flops_per_s = max(spec.compute_tflops, 1e-3) * 1e12 * mfu
+        memory_bw = max(spec.memory_bandwidth_gbps, 1e-3) * GB * mbu
+        weight_read_s = nbytes / memory_bw
+        flops = 2.0 * _param_count(unit, tree) * batch_size
+        decode_compute_s = max(flops / flops_per_s, weight_read_s)
+        prefill_compute_s = max(flops * prompt_tokens / flops_per_s, weight_read_s)
+        time_s = max(transfer_s, decode_compute_s) if prefetch else transfer_s + decode_compute_s
+        layers.append(
+            LayerPrediction(
+                name=unit.name,
+                device=home,
+                nbytes=nbytes,
+                transfer_s=transfer_s,
+                compute_s=decode_compute_s,
+                execution_device=execution,
+                prefill_compute_s=prefill_compute_s,
+                time_s=time_s,
+            )
+        )
+    if uncovered:
+        shown = ", ".join(sorted(uncovered)[:10])
+        raise DeviceMapError(
+            f"device map gives no device for {len(uncovered)} tensors: {shown}"
+            f"{' ...' if len(uncovered) > 10 else ''}. Add a covering key or a '' entry."
+        )
+
+    def combine(transfer: float, compute: float) -> float:
+        return max(transfer, compute) if prefetch else transfer + compute
+
+    decode_s = sum(layer.time_s for layer in layers)
+    prefill_s = sum(combine(layer.transfer_s, layer.prefill_compute_s) for layer in layers)
+    transfer_total = sum(layer.transfer_s for layer in layers)
+    compute_total = sum(layer.compute_s for layer in layers)
+    return SpeedPrediction(
+        tokens_per_s=batch_size / decode_s if decode_s > 0 else float("inf"),
+        ttft_s=prefill_s + decode_s,
+        per_layer=layers,
+        decode_s=decode_s,
+        transfer_s=transfer_total,
+        compute_s=compute_total,
+        bottleneck=_bottleneck(layers, transfer_total, compute_total),
+        prefetch=prefetch,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def _bottleneck(layers: list[LayerPrediction], transfer_s: float, compute_s: float) -> str:
+    if transfer_s > compute_s:
+        disk_s = sum(layer.transfer_s for layer in layers if layer.device == "disk")
+        return "disk" if disk_s > transfer_s / 2 else "host-to-device"
+    return "compute"
+
+
+def _iter_layers(root: ModuleNode) -> list[ModuleNode]:
+    """Return the no-split blocks and, outside them, modules holding tensors directly."""
+    units: list[ModuleNode] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.no_split and node is not root:
+            units.append(node)
+            continue
+        if node.tensor_names:
+            units.append(node)
+        stack.extend(reversed(node.children))
+    return units
+
+
+def _unit_tensors(unit: ModuleNode) -> list[str]:
+    if not unit.no_split:
+        return unit.tensor_names
+    names: list[str] = []
+    stack = [unit]
+    while stack:
+        node = stack.pop()
+        names.extend(node.tensor_names)
+        stack.extend(node.children)
+    return names
+
+
+def _param_count(unit: ModuleNode, tree: ModuleTree) -> int:
+    if unit.no_split:
+        return unit.param_count
+    direct = unit.param_count - sum(child.param_count for child in unit.children)
+    return max(direct, 0)
+
+
+def _lookup(placement: Mapping[str, int | str], tensor_name: str) -> int | str | None:
+    """Return the device of the longest map key that is ``tensor_name`` or a prefix of it."""
+    name = tensor_name
+    while True:
+        if name in placement:
+            return placement[name]
+        if not name:
+            return None
+        name = name.rpartition(".")[0]

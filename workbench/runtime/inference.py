@@ -1,0 +1,236 @@
+"""Inference tests on a loaded model: greedy generation with streamed tokens, or one forward.
+
+Causal LMs generate ``max_new_tokens`` tokens greedily with a KV cache, one ``TokenStreamed``
+event per token and one ``TransferBatch`` per forward. Other models run one forward on the
+tokenized prompt (or seeded synthetic token ids). The result carries time to first token,
+tokens/s, the last forward's per-layer transfer and compute times, and the speed model's
+prediction for the same plan.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from workbench.big_modeling.devices import to_torch_device
+from workbench.big_modeling.progress import CancelToken
+from workbench.big_modeling.transfers import TransferEvent, recording_transfers
+from workbench.runtime.protocol import Event, Infer, InferenceResult, Phase, TokenStreamed
+from workbench.runtime.telemetry import TransferRecorder, summarize_layers
+
+logger = logging.getLogger(__name__)
+
+SYNTHETIC_SEED = 0
+
+
+def execution_device(device_map: dict[str, int | str]) -> torch.device:
+    """Where inputs go: the first accelerator of the map, else the CPU."""
+    accelerators = sorted(d for d in device_map.values() if isinstance(d, int))
+    if accelerators:
+        return to_torch_device(accelerators[0])
+    if "mps" in device_map.values():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def prepare_input_ids(loaded: Any, prompt: str | None, synthetic_tokens: int) -> torch.Tensor:
+    """Tokenize ``prompt`` with the model's tokenizer, or make seeded random ids. Shape (1, T)."""
+    tokenizer = loaded.tokenizer
+    if prompt and tokenizer is not None:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        if ids.shape[-1] > 0:
+            return ids.to(torch.long)
+    config = getattr(loaded.model, "config", None)
+    vocab = int(getattr(config, "vocab_size", 0) or 1000)
+    count = max(1, int(synthetic_tokens))
+    generator = torch.Generator().manual_seed(SYNTHETIC_SEED)
+    return torch.randint(0, vocab, (1, count), generator=generator, dtype=torch.long)
+
+
+class ComputeTimer:
+    """Times the forward of selected modules and reports ``kind="compute"`` events.
+
+    Used when the engine's hooks report transfers only. On CUDA each timed module synchronises
+    its device after the forward so the wall time covers the kernels.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, names: list[str], report: Callable[[TransferEvent], None]
+    ) -> None:
+        self._report = report
+        self._handles: list[Any] = []
+        self._starts: dict[str, float] = {}
+        modules = dict(model.named_modules())
+        for name in names:
+            module = modules.get(name)
+            if module is None:
+                continue
+            self._handles.append(module.register_forward_pre_hook(self._pre(name)))
+            self._handles.append(module.register_forward_hook(self._post(name)))
+
+    def _pre(self, name: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            self._starts[name] = time.perf_counter()
+
+        return hook
+
+    def _post(self, name: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            start = self._starts.pop(name, None)
+            if start is not None:
+                end = time.perf_counter()
+                self._report(TransferEvent(name, 0, "", "", start, end, kind="compute"))
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def timed_module_names(loaded: Any) -> list[str]:
+    """The modules whose compute is timed: the blocks (no-split classes), else the map's units."""
+    block_classes = set(getattr(loaded.opened, "no_split_modules", None) or [])
+    names = [
+        name
+        for name, module in loaded.model.named_modules()
+        if type(module).__name__ in block_classes
+    ]
+    if names:
+        return names
+    return [name for name in loaded.device_map if name]
+
+
+@contextmanager
+def _recording(loaded: Any, recorder: TransferRecorder) -> Iterator[None]:
+    """Record the engine's events; time blocks ourselves only where no engine hook runs."""
+    hooked = any(hasattr(m, "_hf_hook") for m in loaded.model.modules())
+    timer = None if hooked else ComputeTimer(loaded.model, timed_module_names(loaded), recorder)
+    try:
+        with recording_transfers(recorder):
+            yield
+    finally:
+        if timer is not None:
+            timer.remove()
+
+
+def cache_argument(model: torch.nn.Module) -> tuple[str, str]:
+    """The forward's KV-cache keyword and the output's cache attribute.
+
+    transformers 5.x renamed ``past_key_values`` to ``cache``; older releases keep the old name.
+    """
+    try:
+        params = inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "cache" in params:
+        return "cache", "cache"
+    return "past_key_values", "past_key_values"
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def run_inference(
+    loaded: Any, request: Infer, token: CancelToken, emit: Callable[[Event], None]
+) -> InferenceResult:
+    """Run the inference test ``request`` on ``loaded``; emit tokens and transfer batches.
+
+    Raises:
+        LoadCancelled: when ``token`` is cancelled between tokens.
+    """
+    rid = request.request_id
+    start_s = time.perf_counter()
+    input_ids = prepare_input_ids(loaded, request.prompt, request.synthetic_tokens)
+    input_ids = input_ids.to(execution_device(loaded.device_map))
+    prompt_tokens = int(input_ids.shape[-1])
+    recorder = TransferRecorder()
+    model = loaded.model
+    generate = loaded.summary.is_causal_lm and request.max_new_tokens > 0
+    emit(Phase(rid, "generating" if generate else "forward"))
+    new_ids: list[int] = []
+    text = ""
+    events: tuple[TransferEvent, ...] = ()
+    first_token_s = last_token_s = 0.0
+    with torch.inference_mode(), _recording(loaded, recorder):
+        if not generate:
+            model(input_ids=input_ids)
+            batch = recorder.drain(rid, 0)
+            emit(batch)
+            events = batch.events
+            first_token_s = last_token_s = time.perf_counter()
+        else:
+            ids, past = input_ids, None
+            cache_kw, cache_attr = cache_argument(model)
+            extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+            for step in range(request.max_new_tokens):
+                token.raise_if_cancelled()
+                out = model(input_ids=ids, **{cache_kw: past}, use_cache=True, **extra)
+                next_id = out.logits[:, -1, :].argmax(dim=-1)  # (B,)
+                past = getattr(out, cache_attr, None)
+                token_id = int(next_id[0])
+                now = time.perf_counter()
+                if step == 0:
+                    first_token_s = now
+                last_token_s = now
+                batch = recorder.drain(rid, step)
+                emit(batch)
+                events = batch.events
+                new_ids.append(token_id)
+                piece = ""
+                if loaded.tokenizer is not None:
+                    decoded = loaded.tokenizer.decode(new_ids, skip_special_tokens=True)
+                    piece, text = decoded[len(text) :], decoded
+                emit(TokenStreamed(rid, step, token_id, piece, now - start_s))
+                if past is None:  # a model without a cache: feed the whole sequence again
+                    ids = torch.cat([ids, next_id[:, None].to(ids.device)], dim=-1)
+                else:
+                    ids = next_id[:, None].to(ids.device)
+    end_s = time.perf_counter()
+    ttft_s = first_token_s - start_s
+    if generate and len(new_ids) > 1:
+        tokens_per_s = (len(new_ids) - 1) / max(last_token_s - first_token_s, 1e-9)
+    elif generate:
+        tokens_per_s = 1.0 / max(ttft_s, 1e-9)
+    else:
+        tokens_per_s = prompt_tokens / max(ttft_s, 1e-9)
+    return InferenceResult(
+        text=text,
+        prompt_tokens=prompt_tokens,
+        new_tokens=len(new_ids),
+        ttft_s=ttft_s,
+        tokens_per_s=tokens_per_s,
+        total_s=end_s - start_s,
+        per_layer=summarize_layers(events),
+        predicted=predict_figures(loaded, request.profile, prompt_tokens),
+        token_ids=tuple(new_ids),
+    )
+
+
+def predict_figures(loaded: Any, profile_name: str | None, prompt_tokens: int) -> dict[str, float]:
+    """The speed model's tokens/s and TTFT for this plan ({} when it cannot predict)."""
+    try:
+        from workbench.models.hardware import detect_hardware, load_profile
+        from workbench.models.speed import predict_speed
+
+        profile = load_profile(profile_name) if profile_name else detect_hardware()
+        prediction = predict_speed(
+            loaded.opened, loaded.device_map, profile, prompt_tokens=prompt_tokens
+        )
+    except Exception as exc:  # the prediction is informative; never fail the test over it
+        logger.info("no speed prediction for this plan: %s", exc)
+        return {}
+    return {"tokens_per_s": float(prediction.tokens_per_s), "ttft_s": float(prediction.ttft_s)}

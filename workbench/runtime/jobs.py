@@ -1,0 +1,392 @@
+"""Load, infer and verify jobs: the same code runs in the worker (GUI) and in process (CLI).
+
+A ``JobRunner`` holds at most one loaded model. ``run(request, token)`` executes one request,
+sending events through ``emit`` (progress throttled to ~20 Hz) and ending with exactly one
+``Result`` or ``Failed``. Jobs check the ``CancelToken`` between tensors (loading) and between
+tokens (generation). ``iter_job`` wraps a run as a generator of events.
+
+Example:
+    >>> runner = JobRunner(print)  # doctest: +SKIP
+    >>> runner.run(Load(1, source="demo/", device_map={"": "cpu"}), CancelToken())
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.big_modeling.errors import BadInputError, LoadCancelled
+from workbench.big_modeling.progress import CancelToken, LoadProgress
+from workbench.runtime.protocol import (
+    Event,
+    Failed,
+    Infer,
+    Load,
+    LoadSummary,
+    Phase,
+    Progress,
+    Request,
+    Result,
+    Unload,
+    Verify,
+)
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S = 0.05  # ~20 Hz
+HOLD_LIMIT_S = 120.0  # a test hold never outlives a forgotten test
+
+
+@dataclass
+class LoadedModel:
+    """The model a load produced, with what inference and verify need."""
+
+    request: Load
+    opened: Any
+    model: Any
+    device_map: dict[str, int | str]
+    summary: LoadSummary
+    tokenizer: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class ProgressThrottle:
+    """Turns engine ``LoadProgress`` reports into ``Progress`` events at most every 50 ms.
+
+    Phase changes and the final report always pass. Also counts tensors, for the test hold.
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[Event], None],
+        request_id: int,
+        *,
+        interval_s: float = PROGRESS_INTERVAL_S,
+        on_tensor: Callable[[int], None] | None = None,
+    ) -> None:
+        self._emit = emit
+        self._request_id = request_id
+        self.interval_s = interval_s
+        self._last_emit_s = 0.0
+        self._last_phase = ""
+        self._last_tensor = ""
+        self._start_s = time.monotonic()
+        self._on_tensor = on_tensor
+        self.tensors_seen = 0
+        self.events_sent = 0
+        self.last: LoadProgress | None = None
+
+    def __call__(self, report: LoadProgress) -> None:
+        self.last = report
+        if report.tensor_name and report.tensor_name != self._last_tensor:
+            self._last_tensor = report.tensor_name
+            self.tensors_seen += 1
+        now = time.monotonic()
+        final = report.bytes_total > 0 and report.bytes_done >= report.bytes_total
+        if report.phase != self._last_phase or final or now - self._last_emit_s >= self.interval_s:
+            self._send(report, now)
+        if self._on_tensor is not None:
+            self._on_tensor(self.tensors_seen)
+
+    def flush(self) -> None:
+        if self.last is not None:
+            self._send(self.last, time.monotonic())
+
+    def _send(self, report: LoadProgress, now: float) -> None:
+        elapsed = now - self._start_s
+        eta = None
+        if 0 < report.bytes_done < report.bytes_total and elapsed > 0:
+            eta = elapsed * (report.bytes_total - report.bytes_done) / report.bytes_done
+        self._last_emit_s = now
+        self._last_phase = report.phase
+        self.events_sent += 1
+        self._emit(
+            Progress(
+                request_id=self._request_id,
+                bytes_done=report.bytes_done,
+                bytes_total=report.bytes_total,
+                tensor=report.tensor_name,
+                phase=report.phase,
+                eta_s=eta,
+            )
+        )
+
+
+class JobRunner:
+    """Runs requests one at a time against the model it holds.
+
+    Args:
+        emit: receives every event; called on the thread that calls ``run``.
+    """
+
+    def __init__(self, emit: Callable[[Event], None]) -> None:
+        self.emit = emit
+        self.loaded: LoadedModel | None = None
+
+    def run(self, request: Request, token: CancelToken) -> Event:
+        """Execute ``request``; emit and return its final ``Result`` or ``Failed`` event."""
+        try:
+            if isinstance(request, Load):
+                self.unload()
+                self.loaded = load_model(request, token, self.emit)
+                final: Event = Result(request.request_id, "load", self.loaded.summary)
+            elif isinstance(request, Unload):
+                self.unload()
+                final = Result(request.request_id, "unload", None)
+            elif isinstance(request, (Infer, Verify)):
+                if self.loaded is None:
+                    raise BadInputError(
+                        f"cannot {request.kind}: no model is loaded; load one first"
+                    )
+                if isinstance(request, Infer):
+                    from workbench.runtime.inference import run_inference
+
+                    value: Any = run_inference(self.loaded, request, token, self.emit)
+                else:
+                    from workbench.runtime.verify import run_verify
+
+                    value = run_verify(self.loaded, request, token, self.emit)
+                final = Result(request.request_id, request.kind, value)
+            else:
+                raise BadInputError(f"the worker does not run {type(request).__name__} requests")
+        except LoadCancelled as exc:
+            if isinstance(request, Load):
+                self.unload()
+            final = Failed(
+                request.request_id,
+                f"{request.kind} cancelled: {exc}",
+                kind="cancelled",
+                job=request.kind,
+            )
+        except BadInputError as exc:
+            if isinstance(request, Load):
+                self.unload()
+            final = Failed(request.request_id, str(exc), kind="bad_input", job=request.kind)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if isinstance(request, Load):
+                self.unload()
+            final = Failed(request.request_id, str(exc), kind="bad_input", job=request.kind)
+        except Exception as exc:
+            logger.debug("%s failed", request.kind, exc_info=True)
+            if isinstance(request, Load):
+                self.unload()
+            final = Failed(
+                request.request_id,
+                f"{request.kind} failed: {type(exc).__name__}: {exc}",
+                details=traceback.format_exc(),
+                job=request.kind,
+            )
+        self.emit(final)
+        return final
+
+    def unload(self) -> None:
+        """Drop the model and return its memory to the allocators."""
+        if self.loaded is None:
+            return
+        self.loaded = None
+        gc.collect()
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        self.unload()
+
+
+def iter_job(runner: JobRunner, request: Request, token: CancelToken) -> Iterator[Event]:
+    """Run ``request`` on a thread and yield its events as they come (generator form).
+
+    Closing the generator early cancels the job and waits for it to stop.
+    """
+    events: queue.Queue[Event | None] = queue.Queue()
+    previous_emit = runner.emit
+    runner.emit = events.put
+
+    def work() -> None:
+        try:
+            runner.run(request, token)
+        finally:
+            events.put(None)
+
+    thread = threading.Thread(target=work, name=f"job-{request.kind}", daemon=True)
+    thread.start()
+    try:
+        while (event := events.get()) is not None:
+            yield event
+    finally:
+        token.cancel()
+        thread.join()
+        runner.emit = previous_emit
+
+
+# ------------------------------------------------------------------------------------------
+# The load job
+# ------------------------------------------------------------------------------------------
+
+
+def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None]) -> LoadedModel:
+    """Open ``request.source``, build it empty, load its checkpoint and dispatch it.
+
+    Raises:
+        LoadCancelled: when ``token`` is cancelled (between tensors).
+        BadInputError: for a source without a checkpoint, a bad map, a corrupt checkpoint.
+    """
+    from workbench.big_modeling import load_checkpoint_and_dispatch
+    from workbench.models import open_model
+
+    rid = request.request_id
+    start_s = time.perf_counter()
+    dtype = _torch_dtype(request.dtype)
+    emit(Phase(rid, "building"))  # read the config, build the empty model
+    opened = open_model(request.source, dtype=dtype)
+    token.raise_if_cancelled()
+    if opened.checkpoint is None:
+        raise BadInputError(
+            f"{request.source}: has no weights (no safetensors or .bin checkpoint); "
+            "loading needs a model folder with weights, not just a config.json"
+        )
+    emit(Phase(rid, "loading"))
+    hold = _make_hold(request, token, emit)
+    throttle = ProgressThrottle(emit, rid, on_tensor=hold)
+
+    def progress(report: LoadProgress) -> None:
+        throttle(report)
+        token.raise_if_cancelled()
+
+    model = opened.model
+    device_map = dict(request.device_map)
+    offload_folder = request.offload_folder
+    if offload_folder is not None:
+        Path(offload_folder).mkdir(parents=True, exist_ok=True)
+    model = load_checkpoint_and_dispatch(
+        model,
+        _checkpoint_path(opened),
+        device_map=device_map,
+        offload_folder=offload_folder,
+        dtype=dtype,
+        no_split_module_classes=list(opened.no_split_modules) or None,
+        progress=progress,
+        cancel=token,
+    )
+    throttle.flush()
+    token.raise_if_cancelled()
+    model.eval()
+    emit(Phase(rid, "ready"))
+    tokenizer = _load_tokenizer(opened)
+    total = int(getattr(opened.checkpoint, "total_nbytes", 0) or 0)
+    summary = LoadSummary(
+        source=str(request.source),
+        model_class=type(model).__name__,
+        device_map=device_map,
+        nbytes_by_device=_nbytes_by_device(opened, device_map),
+        load_s=time.perf_counter() - start_s,
+        bytes_total=total,
+        is_causal_lm=is_causal_lm(model),
+        has_tokenizer=tokenizer is not None,
+    )
+    return LoadedModel(request, opened, model, device_map, summary, tokenizer)
+
+
+def _make_hold(
+    request: Load, token: CancelToken, emit: Callable[[Event], None]
+) -> Callable[[int], None] | None:
+    """Test hook: after ``hold_after_tensors`` tensors, wait for cancel (or forever)."""
+    after = request.options.get("hold_after_tensors")
+    if after is None:
+        return None
+    ignore_cancel = bool(request.options.get("ignore_cancel"))
+    state = {"held": False}
+
+    def hold(tensors_seen: int) -> None:
+        if state["held"] or tensors_seen < int(after):
+            return
+        state["held"] = True
+        emit(Phase(request.request_id, "held"))
+        waiter = threading.Event() if ignore_cancel else _token_event(token)
+        if not waiter.wait(HOLD_LIMIT_S):
+            logger.warning("test hold released after %.0f s without a cancel", HOLD_LIMIT_S)
+
+    return hold
+
+
+def _token_event(token: CancelToken) -> threading.Event:
+    event = getattr(token, "_event", None)  # CancelToken keeps a threading.Event
+    if isinstance(event, threading.Event):
+        return event
+    raise TypeError("hold_after_tensors needs a workbench CancelToken")
+
+
+def _torch_dtype(name: str | None) -> Any:
+    if name is None:
+        return None
+    import torch
+
+    dtype = getattr(torch, str(name).replace("torch.", ""), None)
+    if not isinstance(dtype, torch.dtype):
+        raise BadInputError(f"unknown dtype {name!r}; use float32, float16 or bfloat16")
+    return dtype
+
+
+def _checkpoint_path(opened: Any) -> str:
+    """The path the engine loads from: the checkpoint index's own path, else the source."""
+    folder = getattr(opened, "folder", None)
+    if folder is not None and Path(folder).is_dir():
+        return str(folder)
+    for attr in ("source", "index_file"):
+        value = getattr(opened.checkpoint, attr, None)
+        if isinstance(value, (str, Path)) and Path(value).exists():
+            return str(value)
+    return str(opened.source)
+
+
+def _load_tokenizer(opened: Any) -> Any:
+    folder = getattr(opened, "tokenizer_dir", None)
+    if not folder:
+        return None
+    folder = Path(folder)
+    names = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+    if not any((folder / name).exists() for name in names):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as exc:  # a broken tokenizer must not fail the load: synthetic input
+        logger.warning("tokenizer in %s could not be loaded (%s); using token ids", folder, exc)
+        return None
+
+
+def is_causal_lm(model: Any) -> bool:
+    """True for models that generate text (``*ForCausalLM`` and friends)."""
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return True
+    can_generate = getattr(model, "can_generate", None)
+    try:
+        return bool(can_generate()) if callable(can_generate) else False
+    except Exception:
+        return False
+
+
+def _nbytes_by_device(opened: Any, device_map: dict[str, int | str]) -> dict[str, int]:
+    from workbench.big_modeling.devices import device_label
+
+    sizes: dict[str, int] = {}
+    tree = getattr(opened, "tree", None)
+    if tree is not None:
+        sizes = tree.module_sizes()
+    out: dict[str, int] = {}
+    for name, device in device_map.items():
+        label = device_label(device)
+        out[label] = out.get(label, 0) + int(sizes.get(name, 0))
+    return out

@@ -1,0 +1,313 @@
+"""The typed messages between the GUI/CLI host and the worker process that holds the model.
+
+Requests go host -> worker, events go worker -> host. Every message is a small frozen
+dataclass that pickles cheaply (plain ints, floats, strings, tuples and dicts of those; engine
+``TransferEvent`` objects are frozen dataclasses too). Each request carries a ``request_id``
+that the events it causes repeat, so a view can ignore the events of a job it no longer shows.
+
+Example:
+    >>> req = Load(request_id=1, source="/models/demo", device_map={"": "cpu"})
+    >>> req.kind
+    'load'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.big_modeling.transfers import TransferEvent
+
+# --------------------------------------------------------------------------------------------
+# Requests (host -> worker)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """Base of every request; ``request_id`` is assigned by the host, unique per host."""
+
+    request_id: int
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__.lower()
+
+
+@dataclass(frozen=True)
+class Load(Request):
+    """Open ``source``, build it empty, load its checkpoint and dispatch it along ``device_map``.
+
+    ``offload_folder`` is the folder disk-offloaded weights go to; the host creates one per load
+    and deletes it on cancel, unload, failure and worker death. ``options`` holds extras:
+    ``hold_after_tensors`` (int, tests: after that many tensors the load waits on the cancel
+    event instead of continuing, so a test can cancel or kill it at a known point),
+    ``ignore_cancel`` (bool, tests: the hold ignores cancel, so the host must terminate).
+    """
+
+    source: str = ""
+    device_map: dict[str, int | str] = field(default_factory=dict)
+    dtype: str | None = None
+    offload_folder: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Infer(Request):
+    """Run the loaded model: greedy generation for causal LMs, one forward otherwise.
+
+    ``prompt=None`` (or a model folder without a tokenizer) uses ``synthetic_tokens`` seeded
+    random token ids. ``profile`` names a hardware profile for the speed prediction stored next
+    to the measured figures (``None``: the detected hardware).
+    """
+
+    prompt: str | None = None
+    max_new_tokens: int = 16
+    synthetic_tokens: int = 8
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
+class Verify(Request):
+    """Compare the dispatched model's output with the same weights run without dispatch on CPU.
+
+    ``mode``: ``"full"`` (a whole undispatched copy, logits compared), ``"layers"`` (unit by
+    unit, for models whose copy does not fit in RAM) or ``"auto"`` (full when it fits).
+    """
+
+    prompt: str | None = None
+    mode: str = "auto"
+    synthetic_tokens: int = 8
+    atol: float = 0.0
+    rtol: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cancel(Request):
+    """Cancel the running job (cooperative, checked between tensors / tokens)."""
+
+
+@dataclass(frozen=True)
+class Unload(Request):
+    """Drop the loaded model and free its memory."""
+
+
+@dataclass(frozen=True)
+class Shutdown(Request):
+    """Finish and exit the worker's loop."""
+
+
+# --------------------------------------------------------------------------------------------
+# Results carried by ``Result``
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """Per-layer figures of one forward: weight transfer and compute seconds, bytes moved."""
+
+    module: str
+    transfer_s: float = 0.0
+    compute_s: float = 0.0
+    nbytes: int = 0
+    source: str = ""
+    destination: str = ""
+
+    @property
+    def gbps(self) -> float:
+        """Achieved transfer bandwidth in GB/s (decimal), 0 when nothing moved."""
+        return self.nbytes / self.transfer_s / 1e9 if self.transfer_s > 0 and self.nbytes else 0.0
+
+
+@dataclass(frozen=True)
+class LoadSummary:
+    """What a finished load reports."""
+
+    source: str
+    model_class: str
+    device_map: dict[str, int | str]
+    nbytes_by_device: dict[str, int]
+    load_s: float
+    bytes_total: int
+    is_causal_lm: bool
+    has_tokenizer: bool
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """Measured figures of one inference test, with the speed model's prediction beside them.
+
+    ``predicted`` holds ``{"tokens_per_s": .., "ttft_s": ..}`` (empty when no prediction could
+    be made); ``per_layer`` covers the last forward.
+    """
+
+    text: str
+    prompt_tokens: int
+    new_tokens: int
+    ttft_s: float
+    tokens_per_s: float
+    total_s: float
+    per_layer: tuple[LayerTiming, ...] = ()
+    predicted: dict[str, float] = field(default_factory=dict)
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Dispatched versus reference outputs. ``passed`` is ``max_abs_diff <= atol + rtol*|ref|``."""
+
+    passed: bool
+    max_abs_diff: float
+    max_rel_diff: float
+    exact: bool
+    reference: str
+    output_shape: tuple[int, ...]
+    worst_position: tuple[int, ...] = ()
+    worst_module: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Events (worker -> host; ``StateChanged`` and ``WorkerExited`` come from the host itself)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every event (``Failed.kind`` is a field: the failure's category)."""
+
+    @property
+    def type_name(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class Progress(Event):
+    """Load progress, throttled to about 20 Hz. ``phase``: building, loading, dispatching."""
+
+    request_id: int
+    bytes_done: int
+    bytes_total: int
+    tensor: str = ""
+    phase: str = "loading"
+    eta_s: float | None = None
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.bytes_total <= 0 else min(1.0, self.bytes_done / self.bytes_total)
+
+
+@dataclass(frozen=True)
+class Phase(Event):
+    """A job entered a phase: opening, building, loading, dispatching, held, generating, ..."""
+
+    request_id: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class Log(Event):
+    """A log line from the worker; ``level`` is a ``logging`` level number."""
+
+    level: int
+    message: str
+    request_id: int | None = None
+
+
+@dataclass(frozen=True)
+class CudaMemory:
+    """One CUDA device's memory at a sample: torch allocator figures and NVML's used bytes."""
+
+    device: int
+    allocated_bytes: int
+    reserved_bytes: int
+    nvml_used_bytes: int | None = None
+    total_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class TelemetrySample(Event):
+    """Memory at one instant (``time_s`` on the worker's ``time.time`` clock)."""
+
+    time_s: float
+    rss_bytes: int
+    available_bytes: int
+    cuda: tuple[CudaMemory, ...] = ()
+
+
+@dataclass(frozen=True)
+class TransferBatch(Event):
+    """Transfer and compute events of one forward (``forward_index`` counts from 0 per job)."""
+
+    request_id: int
+    forward_index: int
+    events: tuple[TransferEvent, ...]
+
+
+@dataclass(frozen=True)
+class TokenStreamed(Event):
+    """One generated token. ``text`` is the new piece of decoded text (may be empty)."""
+
+    request_id: int
+    index: int
+    token_id: int
+    text: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class Result(Event):
+    """A job finished. ``job`` is the request kind; ``value`` its typed result (or ``None``)."""
+
+    request_id: int
+    job: str
+    value: LoadSummary | InferenceResult | VerifyResult | None = None
+
+
+@dataclass(frozen=True)
+class Failed(Event):
+    """A job failed. ``kind``: ``"cancelled"``, ``"bad_input"`` (the user can fix it),
+    ``"error"`` (a bug or runtime failure, ``details`` has the traceback) or ``"worker_died"``.
+    """
+
+    request_id: int | None
+    message: str
+    details: str = ""
+    kind: str = "error"
+    job: str = ""
+
+
+@dataclass(frozen=True)
+class StateChanged(Event):
+    """The host's state changed: stopped, starting, idle, loading, loaded, running."""
+
+    state: str
+    previous: str
+
+
+@dataclass(frozen=True)
+class WorkerExited(Event):
+    """The worker process ended. ``signal`` is set when a signal killed it (9 for SIGKILL).
+
+    ``expected`` is True for a requested shutdown or unload restart, False for a crash, an
+    out-of-memory kill or a terminate after an unanswered cancel.
+    """
+
+    exitcode: int | None
+    signal: int | None
+    expected: bool
+    message: str = ""
+
+
+REQUEST_TYPES: tuple[type[Request], ...] = (Load, Infer, Verify, Cancel, Unload, Shutdown)
+EVENT_TYPES: tuple[type[Event], ...] = (
+    Progress,
+    Phase,
+    Log,
+    TelemetrySample,
+    TransferBatch,
+    TokenStreamed,
+    Result,
+    Failed,
+    StateChanged,
+    WorkerExited,
+)

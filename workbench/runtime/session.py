@@ -1,0 +1,383 @@
+"""The session: the user's document (model source, device map, budgets, profile, options).
+
+Plain Python, no Qt: views subscribe with plain callbacks and get a ``SessionChange`` naming
+what changed. Every edit goes through a ``set_*``/``assign`` method, which marks the session
+dirty and notifies. ``save`` writes JSON atomically; ``Session.restore`` reads it back (the
+opened model itself is not stored: call ``reopen()`` to rebuild it from ``source``).
+
+Example:
+    >>> session = Session(source="/models/demo")
+    >>> changes = []
+    >>> unsubscribe = session.subscribe(changes.append)
+    >>> session.set_device_map({"": "cpu"}, reason="start")
+    >>> changes[0].what, session.dirty
+    ('device_map', True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.big_modeling.atomic import atomic_write_text
+from workbench.big_modeling.devices import normalize_device
+from workbench.big_modeling.errors import BadInputError
+
+logger = logging.getLogger(__name__)
+
+SESSION_FORMAT = "workbench-session"
+SESSION_VERSION = 1
+
+DeviceMap = dict[str, int | str]
+
+
+class SessionFileError(BadInputError):
+    """A session file that cannot be read: not JSON, wrong format or version, bad fields."""
+
+
+@dataclass(frozen=True)
+class SessionChange:
+    """What changed: ``what`` is one of ``source``, ``opened``, ``device_map``, ``budgets``,
+    ``reserve``, ``profile``, ``planner_options``, ``dtype``, ``dirty``, ``restored``.
+    ``names`` lists the modules an ``assign`` touched; ``reason`` is the caller's text.
+    """
+
+    what: str
+    reason: str = ""
+    names: tuple[str, ...] = ()
+
+
+SessionCallback = Callable[[SessionChange], None]
+
+
+class Session:
+    """The document. Attributes are read freely; change them only through the methods.
+
+    Args:
+        source: a config.json, a model folder or ``hf-cache:REPO_ID``.
+        device_map: ``{module prefix: device}``; values are normalised (``"cuda:0"`` -> ``0``).
+        budgets: ``{device: bytes}`` for the planner.
+        reserve: bytes kept free on the execution device for activations.
+        planner_options: free-form planner settings (e.g. ``{"strategy": "auto"}``).
+        dtype: the dtype to load in (``"float16"``) or ``None`` for the checkpoint's.
+    """
+
+    def __init__(
+        self,
+        source: str | None = None,
+        *,
+        device_map: Mapping[str, object] | None = None,
+        budgets: Mapping[object, int] | None = None,
+        reserve: int = 0,
+        planner_options: Mapping[str, Any] | None = None,
+        dtype: str | None = None,
+        profile: Any = None,
+    ) -> None:
+        self.source: str | None = source
+        self.opened: Any = None  # workbench.models.OpenedModel once opened
+        self.device_map: DeviceMap = _normalize_map(device_map or {})
+        self.budgets: dict[int | str, int] = _normalize_budgets(budgets or {})
+        self.reserve: int = int(reserve)
+        self.planner_options: dict[str, Any] = dict(planner_options or {})
+        self.dtype: str | None = dtype
+        self.profile: Any = profile  # workbench.models.HardwareProfile or None
+        self.dirty: bool = False
+        self.path: Path | None = None
+        self._subscribers: list[SessionCallback] = []
+        self._lock = threading.RLock()
+
+    # -- notifications -------------------------------------------------------------------
+
+    def subscribe(self, callback: SessionCallback) -> Callable[[], None]:
+        """Call ``callback(SessionChange)`` after every change; return the unsubscribe function."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def _changed(self, what: str, reason: str = "", names: Iterable[str] = ()) -> None:
+        was_dirty = self.dirty
+        if what not in ("opened", "restored"):
+            self.dirty = True
+        change = SessionChange(what=what, reason=reason, names=tuple(names))
+        self._notify(change)
+        if self.dirty != was_dirty:
+            self._notify(SessionChange(what="dirty"))
+
+    def _notify(self, change: SessionChange) -> None:
+        with self._lock:
+            callbacks = list(self._subscribers)
+        for callback in callbacks:
+            try:
+                callback(change)
+            except Exception:  # one broken view must not stop the others
+                logger.exception("session subscriber %r failed on %s", callback, change.what)
+
+    # -- the model -----------------------------------------------------------------------
+
+    @property
+    def tree(self) -> Any:
+        """The opened model's ``ModuleTree``, or ``None`` before ``open``."""
+        return None if self.opened is None else self.opened.tree
+
+    def set_source(self, source: str | None, *, reason: str = "") -> None:
+        """Point the session at another model; drops the opened model (call ``reopen``)."""
+        self.source = None if source is None else str(source)
+        self.opened = None
+        self._changed("source", reason)
+
+    def set_opened(self, opened: Any) -> None:
+        """Attach an ``OpenedModel`` (built elsewhere, e.g. on a thread) to the session."""
+        self.opened = opened
+        self._changed("opened")
+
+    def reopen(self) -> Any:
+        """Open ``source`` with ``workbench.models.open_model`` and attach it; return it.
+
+        Raises:
+            BadInputError: when ``source`` is unset or cannot be opened.
+        """
+        if not self.source:
+            raise BadInputError("the session has no model source; open a config.json or folder")
+        from workbench.models import open_model
+
+        self.set_opened(open_model(self.source, dtype=self.dtype))
+        return self.opened
+
+    # -- edits (each one an undo step in the GUI) ------------------------------------------
+
+    def set_device_map(self, device_map: Mapping[str, object], *, reason: str = "") -> DeviceMap:
+        """Replace the device map; return the previous one (for undo)."""
+        new_map = _normalize_map(device_map)
+        with self._lock:
+            previous, self.device_map = self.device_map, new_map
+        self._changed("device_map", reason, names=sorted(set(previous) ^ set(new_map)))
+        return dict(previous)
+
+    def assign(self, names: list[str], device: object) -> DeviceMap:
+        """Put modules ``names`` (and their subtrees) on ``device``; return the previous map.
+
+        An entry of an ancestor that covered a name is split into that ancestor's other
+        children (using the opened tree), so entries never overlap; entries below a name are
+        dropped. ``set_device_map(previous)`` undoes the edit exactly.
+
+        Raises:
+            DeviceMapError: for an unknown device value.
+        """
+        target = normalize_device(device)  # type: ignore[arg-type]
+        with self._lock:
+            previous = dict(self.device_map)
+            new_map = dict(previous)
+            for name in names:
+                self._split_covering_entry(new_map, name)
+                for key in [k for k in new_map if _is_under(k, name) and k != name]:
+                    del new_map[key]
+                new_map[name] = target
+            self.device_map = new_map
+        self._changed("device_map", f"assign to {target}", names=names)
+        return previous
+
+    def _split_covering_entry(self, device_map: DeviceMap, name: str) -> None:
+        tree = self.tree
+        covering = next(
+            (k for k in sorted(device_map, key=len, reverse=True) if _is_under(name, k)), None
+        )
+        if covering is None or covering == name or tree is None or name not in tree:
+            return
+        device = device_map.pop(covering)
+        node = tree.node(name)
+        while node.parent is not None and node.name != covering:
+            for sibling in node.parent.children:
+                if sibling.name != node.name:
+                    device_map.setdefault(sibling.name, device)
+            for tensor in getattr(node.parent, "tensor_names", []) or []:
+                if tensor.rpartition(".")[0] == node.parent.name:
+                    device_map.setdefault(tensor, device)
+            node = node.parent
+
+    def set_budgets(self, budgets: Mapping[object, int], *, reason: str = "") -> dict:
+        """Replace the per-device budgets (bytes); return the previous ones."""
+        previous, self.budgets = self.budgets, _normalize_budgets(budgets)
+        self._changed("budgets", reason)
+        return dict(previous)
+
+    def set_profile(self, profile: Any, *, reason: str = "") -> Any:
+        """Set the ``HardwareProfile``; return the previous one."""
+        previous, self.profile = self.profile, profile
+        self._changed("profile", reason)
+        return previous
+
+    def set_reserve(self, nbytes: int, *, reason: str = "") -> int:
+        """Set the activation reserve in bytes; return the previous value."""
+        previous, self.reserve = self.reserve, int(nbytes)
+        self._changed("reserve", reason)
+        return previous
+
+    def set_planner_options(self, options: Mapping[str, Any], *, reason: str = "") -> dict:
+        """Replace the planner options; return the previous ones."""
+        previous, self.planner_options = self.planner_options, dict(options)
+        self._changed("planner_options", reason)
+        return previous
+
+    def set_dtype(self, dtype: str | None, *, reason: str = "") -> str | None:
+        previous, self.dtype = self.dtype, dtype
+        self._changed("dtype", reason)
+        return previous
+
+    def mark_clean(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            self._notify(SessionChange(what="dirty"))
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready document (the opened model is not included)."""
+        return {
+            "format": SESSION_FORMAT,
+            "version": SESSION_VERSION,
+            "source": self.source,
+            "dtype": self.dtype,
+            "device_map": dict(self.device_map),
+            "budgets": [[device, nbytes] for device, nbytes in self.budgets.items()],
+            "reserve": self.reserve,
+            "planner_options": self.planner_options,
+            "profile": _profile_to_json(self.profile),
+        }
+
+    def save(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write the session to ``path`` (default: where it was last saved) atomically.
+
+        Raises:
+            ValueError: when no path is given and the session was never saved.
+            TypeError: when ``planner_options`` holds values JSON cannot store.
+        """
+        target = Path(path) if path is not None else self.path
+        if target is None:
+            raise ValueError("Session.save needs a path the first time")
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        atomic_write_text(target, text + "\n")
+        self.path = target
+        self.mark_clean()
+        return target
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, origin: str = "<dict>") -> Session:
+        """Build a session from ``to_dict()`` output.
+
+        Raises:
+            SessionFileError: naming ``origin`` and the bad field.
+        """
+        if not isinstance(data, Mapping) or data.get("format") != SESSION_FORMAT:
+            raise SessionFileError(
+                f'{origin}: not a workbench session (expected "format": "{SESSION_FORMAT}")'
+            )
+        version = data.get("version")
+        if not isinstance(version, int) or version > SESSION_VERSION:
+            raise SessionFileError(
+                f"{origin}: session version {version!r} is not supported (this build reads up "
+                f"to {SESSION_VERSION}); upgrade the workbench"
+            )
+        try:
+            budgets = {device: int(nbytes) for device, nbytes in data.get("budgets") or []}
+            session = cls(
+                source=data.get("source"),
+                device_map=data.get("device_map") or {},
+                budgets=budgets,
+                reserve=int(data.get("reserve") or 0),
+                planner_options=data.get("planner_options") or {},
+                dtype=data.get("dtype"),
+                profile=_profile_from_json(data.get("profile")),
+            )
+        except (TypeError, ValueError) as exc:
+            raise SessionFileError(f"{origin}: malformed session field: {exc}") from exc
+        return session
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike[str]) -> Session:
+        """Read a session saved with ``save``; the result is clean and remembers ``path``.
+
+        Raises:
+            FileNotFoundError: when ``path`` does not exist.
+            SessionFileError: when the file is not a valid session.
+        """
+        target = Path(path)
+        try:
+            data = json.loads(target.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise SessionFileError(
+                f"{target}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+            ) from exc
+        session = cls.from_dict(data, origin=str(target))
+        session.path = target
+        return session
+
+
+def _is_under(name: str, prefix: str) -> bool:
+    return prefix in ("", name) or name.startswith(prefix + ".")
+
+
+def _normalize_map(device_map: Mapping[str, object]) -> DeviceMap:
+    if not isinstance(device_map, Mapping):
+        raise SessionFileError(f"a device map must be an object, got {type(device_map).__name__}")
+    return {str(k): normalize_device(v) for k, v in device_map.items()}  # type: ignore[arg-type]
+
+
+def _normalize_budgets(budgets: Mapping[object, int]) -> dict[int | str, int]:
+    return {normalize_device(k): int(v) for k, v in budgets.items()}  # type: ignore[arg-type]
+
+
+def _profile_to_json(profile: Any) -> Any:
+    if profile is None:
+        return None
+    to_dict = getattr(profile, "to_dict", None)
+    if callable(to_dict):
+        data = to_dict()
+    elif dataclasses.is_dataclass(profile) and not isinstance(profile, type):
+        data = dataclasses.asdict(profile)
+    else:
+        data = None
+    return {"name": getattr(profile, "name", None), "data": data}
+
+
+def _profile_from_json(value: Any) -> Any:
+    """Rebuild a ``HardwareProfile``; falls back to the named profile, else ``None``."""
+    if not value:
+        return None
+    try:
+        from workbench.models import hardware
+    except ImportError:
+        return None
+    data, name = value.get("data"), value.get("name")
+    cls = getattr(hardware, "HardwareProfile", None)
+    from_dict = getattr(cls, "from_dict", None)
+    if data is not None:
+        try:
+            if callable(from_dict):
+                return from_dict(data)
+            # ``to_dict`` writes what ``load_profile`` reads from a .json path
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / "profile.json"
+                path.write_text(json.dumps(data), encoding="utf-8")
+                return hardware.load_profile(path)
+        except Exception:
+            logger.warning("saved hardware profile could not be rebuilt; trying %r", name)
+    if name:
+        try:
+            return hardware.load_profile(name)
+        except Exception:
+            logger.warning("hardware profile %r is not available; profile cleared", name)
+    return None

@@ -1,0 +1,174 @@
+"""Verify a dispatched model against the same weights run without dispatch, on the CPU.
+
+The reference is built by ``transformers`` from the same folder (``from_pretrained`` on CPU, in
+the dispatched model's dtype), so it shares no code with our engine. Both models see the same
+input ids; the logits are compared element by element. On CPU with the same dtype the math is
+identical, so ``exact`` is expected; on GPUs small differences are normal and ``atol``/``rtol``
+set the bar.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.progress import CancelToken
+from workbench.runtime.inference import execution_device, prepare_input_ids
+from workbench.runtime.protocol import Event, Phase, Verify, VerifyResult
+
+logger = logging.getLogger(__name__)
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The floating dtype of the model's parameters (offloaded ones keep their dtype on meta)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
+
+
+def build_reference(loaded: Any) -> torch.nn.Module:
+    """Load the same checkpoint into an undispatched CPU model with ``transformers``.
+
+    Raises:
+        BadInputError: when the source is not a folder ``transformers`` can load.
+    """
+    folder = getattr(loaded.opened, "folder", None)
+    if folder is None:
+        source = Path(loaded.opened.source)
+        folder = source if source.is_dir() else source.parent
+    cls = type(loaded.model)
+    from_pretrained = getattr(cls, "from_pretrained", None)
+    if from_pretrained is None:
+        raise BadInputError(f"{cls.__name__} has no from_pretrained; cannot build a reference")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the worker reports phases; no tqdm on stderr
+    reference = from_pretrained(str(folder), dtype=model_dtype(loaded.model), device_map=None)
+    return reference.to("cpu").eval()
+
+
+def compare_outputs(
+    actual: torch.Tensor, expected: torch.Tensor, *, atol: float = 0.0, rtol: float = 0.0
+) -> VerifyResult:
+    """Compare two outputs: max absolute difference, and that relative to ``max|expected|``.
+
+    Example:
+        >>> compare_outputs(torch.ones(2), torch.ones(2)).exact
+        True
+    """
+    if actual.shape != expected.shape:
+        raise ValueError(f"output shapes differ: {tuple(actual.shape)} vs {tuple(expected.shape)}")
+    a = actual.detach().to("cpu", torch.float64)
+    b = expected.detach().to("cpu", torch.float64)
+    diff = (a - b).abs()
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    worst = (
+        tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+        if diff.numel()
+        else ()
+    )
+    finite = bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())
+    passed = finite and bool((diff <= atol + rtol * b.abs()).all())
+    return VerifyResult(
+        passed=passed,
+        max_abs_diff=max_abs,
+        max_rel_diff=max_rel,
+        exact=bool(torch.equal(actual.detach().cpu(), expected.detach().cpu())),
+        reference="cpu (transformers from_pretrained, no dispatch)",
+        output_shape=tuple(actual.shape),
+        worst_position=worst,
+    )
+
+
+def _logits(output: Any) -> torch.Tensor:
+    logits = getattr(output, "logits", None)
+    if logits is None:
+        logits = getattr(output, "last_hidden_state", None)
+    if logits is None and isinstance(output, (tuple, list)):
+        logits = output[0]
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"cannot find the output tensor in {type(output).__name__}")
+    return logits
+
+
+VERIFY_MODES = ("auto", "full", "layers")
+FULL_COPY_RAM_FRACTION = 0.5  # a full reference may use at most half the available RAM
+
+
+def reference_nbytes(loaded: Any) -> int:
+    """Bytes of an undispatched copy in the dispatched model's dtype."""
+    itemsize = torch.empty((), dtype=model_dtype(loaded.model)).element_size()
+    checkpoint = loaded.opened.checkpoint
+    total = 0
+    for info in getattr(checkpoint, "tensors", {}).values():
+        numel = 1
+        for dim in info.shape:
+            numel *= dim
+        total += numel * (itemsize if info.dtype.is_floating_point else info.dtype.itemsize)
+    return total
+
+
+def choose_mode(loaded: Any, mode: str) -> str:
+    """Resolve ``"auto"``: ``"full"`` when a copy fits in half the available RAM.
+
+    Raises:
+        BadInputError: for an unknown mode.
+    """
+    if mode not in VERIFY_MODES:
+        raise BadInputError(
+            f"verify mode {mode!r} is unknown; use one of {', '.join(VERIFY_MODES)}"
+        )
+    if mode != "auto":
+        return mode
+    import psutil
+
+    available = psutil.virtual_memory().available
+    return "full" if reference_nbytes(loaded) <= FULL_COPY_RAM_FRACTION * available else "layers"
+
+
+def run_verify(
+    loaded: Any, request: Verify, token: CancelToken, emit: Callable[[Event], None]
+) -> VerifyResult:
+    """Run ``request``: the dispatched model and the CPU reference on the same input ids."""
+    mode = choose_mode(loaded, request.mode)
+    if mode == "layers":
+        from workbench.runtime.verify_layers import run_verify_layers
+
+        return run_verify_layers(loaded, request, token, emit)
+    rid = request.request_id
+    input_ids = prepare_input_ids(loaded, request.prompt, request.synthetic_tokens)
+    emit(Phase(rid, "verify: dispatched forward"))
+    start_s = time.perf_counter()
+    with torch.inference_mode():
+        actual = _logits(
+            loaded.model(
+                input_ids=input_ids.to(execution_device(loaded.device_map)), use_cache=False
+            )
+        ).cpu()
+    token.raise_if_cancelled()
+    emit(Phase(rid, "verify: reference forward"))
+    reference = build_reference(loaded)
+    token.raise_if_cancelled()
+    try:
+        with torch.inference_mode():
+            expected = _logits(reference(input_ids=input_ids, use_cache=False))
+    finally:
+        del reference
+    result = compare_outputs(actual, expected, atol=request.atol, rtol=request.rtol)
+    logger.info(
+        "verify %s in %.2f s: max abs %.3g, max rel %.3g",
+        "passed" if result.passed else "FAILED",
+        time.perf_counter() - start_s,
+        result.max_abs_diff,
+        result.max_rel_diff,
+    )
+    return result

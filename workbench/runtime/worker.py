@@ -1,0 +1,460 @@
+"""``WorkerHost``: the host side of the worker process that holds the dispatched model.
+
+The host spawns the worker (``multiprocessing`` "spawn" context), sends it requests over a pipe
+and reads its events on a reader thread, which also watches the process sentinel: a worker
+killed by SIGKILL, a segfault or the OOM killer is reported as ``WorkerExited`` (with the
+signal) plus ``Failed(kind="worker_died")`` for the job it was running. The callback runs on
+the reader thread; a GUI bridge re-emits the events as Qt signals.
+
+The host owns one temporary offload folder per load and deletes it on cancel, unload,
+failure, worker death and shutdown, so a crash leaves no files behind.
+
+Example:
+    >>> host = WorkerHost(print)  # doctest: +SKIP
+    >>> host.load("/models/demo", {"": "cpu"})
+    >>> host.infer("Hello", max_new_tokens=8)
+    >>> host.shutdown()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from workbench.big_modeling.devices import normalize_device
+from workbench.runtime.protocol import (
+    Cancel,
+    Event,
+    Failed,
+    Infer,
+    Load,
+    Request,
+    Result,
+    Shutdown,
+    StateChanged,
+    TelemetrySample,
+    TransferBatch,
+    Verify,
+    WorkerExited,
+)
+from workbench.runtime.telemetry import DEFAULT_SAMPLE_HZ, MemoryHistory, TransferHistory
+
+logger = logging.getLogger(__name__)
+
+STATES = ("stopped", "idle", "loading", "loaded", "running")
+READER_POLL_S = 0.25
+
+
+class WorkerStateError(RuntimeError):
+    """A request the host's current state does not allow (e.g. ``infer`` with no model)."""
+
+
+class WorkerHost:
+    """Starts the worker, sends it requests, delivers its events to ``on_event``.
+
+    Args:
+        on_event: called on the host's reader thread with every ``Event``.
+        sample_hz: the worker's memory sampling rate.
+        cancel_grace_s: after ``cancel()``, how long the job has to answer before the worker
+            process is terminated.
+        offload_root: where per-load offload folders are created (default: the system temp).
+        history_capacity: samples kept in ``memory`` and events kept in ``transfers``.
+        preload_imports: the worker imports torch/transformers/the engine as soon as it starts,
+            so ``start()`` early (e.g. when the window opens) makes the first load faster.
+
+    Attributes:
+        memory: ``MemoryHistory`` fed by the worker's telemetry samples.
+        transfers: ``TransferHistory`` fed by the worker's transfer batches.
+    """
+
+    def __init__(
+        self,
+        on_event: Callable[[Event], None],
+        *,
+        sample_hz: float = DEFAULT_SAMPLE_HZ,
+        cancel_grace_s: float = 2.0,
+        offload_root: str | Path | None = None,
+        history_capacity: int = 3000,
+        preload_imports: bool = True,
+    ) -> None:
+        self._on_event = on_event
+        self.sample_hz = sample_hz
+        self.preload_imports = preload_imports
+        self.cancel_grace_s = cancel_grace_s
+        self.offload_root = None if offload_root is None else Path(offload_root)
+        self.memory = MemoryHistory(history_capacity)
+        self.transfers = TransferHistory(max(1000, history_capacity * 10))
+        self._ctx = multiprocessing.get_context("spawn")
+        self._lock = threading.RLock()
+        self._send_lock = threading.Lock()
+        self._process: Any = None
+        self._requests: Connection | None = None
+        self._reader: threading.Thread | None = None
+        self._pending: OrderedDict[int, str] = OrderedDict()  # request_id -> kind, in order
+        self._model_loaded = False
+        self._state = "stopped"
+        self._next_id = 0
+        self._cancel_deadline: float | None = None
+        self._terminated_for_cancel = False
+        self._expect_exit = False
+        self.offload_folder: Path | None = None
+        self.last_load: Load | None = None
+
+    # -- public API --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """One of ``STATES``: stopped, idle, loading, loaded, running."""
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return None if process is None else process.pid
+
+    def is_alive(self) -> bool:
+        process = self._process
+        return process is not None and process.is_alive()
+
+    def start(self) -> None:
+        """Spawn the worker (no-op when it runs). Returns at once; the worker imports lazily."""
+        with self._lock:
+            if self._process is not None:
+                return
+            from workbench.runtime.worker_main import worker_main
+
+            req_recv, req_send = self._ctx.Pipe(duplex=False)
+            ev_recv, ev_send = self._ctx.Pipe(duplex=False)
+            process = self._ctx.Process(
+                target=worker_main,
+                args=(
+                    req_recv,
+                    ev_send,
+                    self.sample_hz,
+                    logging.getLogger().level,
+                    self.preload_imports,
+                ),
+                name="workbench-worker",
+                daemon=True,
+            )
+            process.start()
+            req_recv.close()  # the child's ends live in the child now
+            ev_send.close()
+            self._process, self._requests = process, req_send
+            self._expect_exit = False
+            self._terminated_for_cancel = False
+            self._reader = threading.Thread(
+                target=self._read_loop, args=(process, ev_recv), name="worker-reader", daemon=True
+            )
+            self._reader.start()
+            self._update_state()
+
+    def load(
+        self,
+        source: str | Path,
+        device_map: Mapping[str, object],
+        *,
+        dtype: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Load ``source`` along ``device_map`` (replacing a loaded model); return the request id.
+
+        Raises:
+            WorkerStateError: while another job runs (cancel it first).
+            DeviceMapError: for an unknown device in ``device_map``.
+        """
+        clean_map = {str(k): normalize_device(v) for k, v in device_map.items()}  # type: ignore[arg-type]
+        with self._lock:
+            self._require_no_job("load")
+            self.start()
+            self._remove_offload_folder()
+            root = self.offload_root
+            if root is not None:
+                root.mkdir(parents=True, exist_ok=True)
+            self.offload_folder = Path(tempfile.mkdtemp(prefix="workbench-offload-", dir=root))
+            request = Load(
+                request_id=self._new_id(),
+                source=str(source),
+                device_map=clean_map,
+                dtype=dtype,
+                offload_folder=str(self.offload_folder),
+                options=dict(options or {}),
+            )
+            self.last_load = request
+            self._model_loaded = False
+            return self._submit(request)
+
+    def infer(
+        self,
+        prompt: str | None = None,
+        *,
+        max_new_tokens: int = 16,
+        synthetic_tokens: int = 8,
+        profile: str | None = None,
+    ) -> int:
+        """Run an inference test on the loaded model; return the request id.
+
+        Raises:
+            WorkerStateError: when no model is loaded or a job runs.
+        """
+        with self._lock:
+            self._require_loaded("infer")
+            request = Infer(
+                request_id=self._new_id(),
+                prompt=prompt,
+                max_new_tokens=int(max_new_tokens),
+                synthetic_tokens=int(synthetic_tokens),
+                profile=profile,
+            )
+            return self._submit(request)
+
+    def verify(
+        self,
+        prompt: str | None = None,
+        *,
+        synthetic_tokens: int = 8,
+        atol: float = 0.0,
+        rtol: float = 0.0,
+        mode: str = "auto",
+    ) -> int:
+        """Compare the dispatched model with an undispatched CPU copy; return the request id.
+
+        ``mode``: ``"full"``, ``"layers"`` (unit by unit) or ``"auto"`` (full when it fits).
+        """
+        with self._lock:
+            self._require_loaded("verify")
+            request = Verify(
+                request_id=self._new_id(),
+                prompt=prompt,
+                synthetic_tokens=int(synthetic_tokens),
+                atol=atol,
+                rtol=rtol,
+                mode=mode,
+            )
+            return self._submit(request)
+
+    def cancel(self) -> bool:
+        """Cancel the running job (and drop queued ones). Return False when nothing runs.
+
+        The job stops at its next check (between tensors or tokens); if the worker has not
+        answered after ``cancel_grace_s`` it is terminated and ``WorkerExited`` follows.
+        """
+        with self._lock:
+            if not self._pending or self._process is None:
+                return False
+            self._send(Cancel(request_id=self._new_id()))
+            if self._cancel_deadline is None:
+                self._cancel_deadline = time.monotonic() + self.cancel_grace_s
+            return True
+
+    def unload(self) -> None:
+        """Drop the model and give every byte back by restarting the worker process."""
+        with self._lock:
+            self._require_no_job("unload")
+            was_running = self._process is not None
+        self.shutdown()
+        if was_running:
+            self.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the worker (terminating it if it does not exit in ``timeout_s``); idempotent."""
+        with self._lock:
+            process, reader = self._process, self._reader
+            if process is None:
+                self._remove_offload_folder()
+                return
+            self._expect_exit = True
+            self._cancel_all_quietly()
+            with contextlib.suppress(OSError):  # the worker may already be gone
+                self._send(Shutdown(request_id=self._new_id()))
+        process.join(timeout_s)
+        if process.is_alive():
+            logger.warning("worker %s did not exit in %.1f s; terminating", process.pid, timeout_s)
+            _terminate(process)
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout_s)
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Block until no job is pending (tests, CLI). Return False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def __enter__(self) -> WorkerHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _require_no_job(self, what: str) -> None:
+        if self._pending:
+            running = next(iter(self._pending.values()))
+            raise WorkerStateError(f"cannot {what} while a {running} job runs; cancel it first")
+
+    def _require_loaded(self, what: str) -> None:
+        self._require_no_job(what)
+        if not self._model_loaded or self._process is None:
+            raise WorkerStateError(f"cannot {what}: no model is loaded; load one first")
+
+    def _submit(self, request: Request) -> int:
+        self._pending[request.request_id] = request.kind
+        self._send(request)
+        self._update_state()
+        return request.request_id
+
+    def _send(self, request: Request) -> None:
+        if self._requests is None:
+            raise WorkerStateError("the worker is not running; call start() first")
+        with self._send_lock:
+            self._requests.send(request)
+
+    def _cancel_all_quietly(self) -> None:
+        if self._pending:
+            with contextlib.suppress(OSError):
+                self._send(Cancel(request_id=self._new_id()))
+
+    def _update_state(self) -> None:
+        with self._lock:
+            if self._process is None:
+                new = "stopped"
+            elif self._pending:
+                new = "loading" if next(iter(self._pending.values())) == "load" else "running"
+            else:
+                new = "loaded" if self._model_loaded else "idle"
+            previous, self._state = self._state, new
+        if new != previous:
+            self._deliver(StateChanged(state=new, previous=previous))
+
+    def _deliver(self, event: Event) -> None:
+        try:
+            self._on_event(event)
+        except Exception:  # a broken view must not kill the reader thread
+            logger.exception("worker event callback failed on %s", event.type_name)
+
+    def _remove_offload_folder(self) -> None:
+        folder, self.offload_folder = self.offload_folder, None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _read_loop(self, process: Any, events: Connection) -> None:
+        try:
+            while True:
+                deadline = self._cancel_deadline
+                if deadline is not None and time.monotonic() >= deadline:
+                    logger.warning("worker did not answer cancel in time; terminating it")
+                    self._terminated_for_cancel = True
+                    self._cancel_deadline = None
+                    _terminate(process)
+                # wake at least every READER_POLL_S so a cancel deadline set meanwhile counts
+                timeout = READER_POLL_S
+                if deadline is not None:
+                    timeout = max(0.0, min(READER_POLL_S, deadline - time.monotonic()))
+                ready = wait([events, process.sentinel], timeout)
+                if events in ready:
+                    try:
+                        event = events.recv()
+                    except (EOFError, OSError):
+                        ready = [process.sentinel]
+                    else:
+                        self._handle(event)
+                        continue
+                if process.sentinel in ready:
+                    self._handle_exit(process, events)
+                    return
+        finally:
+            events.close()
+
+    def _handle(self, event: Event) -> None:
+        if isinstance(event, TelemetrySample):
+            self.memory.add(event)
+        elif isinstance(event, TransferBatch):
+            self.transfers.add(event)
+        elif isinstance(event, (Result, Failed)) and event.request_id in self._pending:
+            with self._lock:
+                kind = self._pending.pop(event.request_id)
+                if not self._pending:
+                    self._cancel_deadline = None
+                if kind == "load":
+                    self._model_loaded = isinstance(event, Result)
+                    if not self._model_loaded:
+                        self._remove_offload_folder()
+            self._deliver(event)
+            self._update_state()
+            return
+        self._deliver(event)
+
+    def _handle_exit(self, process: Any, events: Connection) -> None:
+        while True:  # events written just before death still count
+            try:
+                if not events.poll():
+                    break
+                self._handle(events.recv())
+            except (EOFError, OSError):
+                break
+        process.join()
+        exitcode = process.exitcode
+        signal_number = -exitcode if exitcode is not None and exitcode < 0 else None
+        with self._lock:
+            expected = self._expect_exit or self._terminated_for_cancel
+            cancelled = self._terminated_for_cancel
+            lost = list(self._pending.items())
+            self._pending.clear()
+            self._cancel_deadline = None
+            self._model_loaded = False
+            self._process = None
+            self._requests = None
+            self._remove_offload_folder()
+        if signal_number is not None:
+            message = f"worker process {process.pid} was killed by signal {signal_number}"
+        else:
+            message = f"worker process {process.pid} exited with code {exitcode}"
+        for request_id, kind in lost:
+            if cancelled:
+                self._deliver(
+                    Failed(
+                        request_id,
+                        f"{kind} cancelled; the worker did not stop within "
+                        f"{self.cancel_grace_s:.1f} s and was terminated",
+                        kind="cancelled",
+                        job=kind,
+                    )
+                )
+            elif not self._expect_exit:
+                self._deliver(
+                    Failed(request_id, f"{kind} failed: {message}", kind="worker_died", job=kind)
+                )
+        self._deliver(
+            WorkerExited(
+                exitcode=exitcode, signal=signal_number, expected=expected, message=message
+            )
+        )
+        self._update_state()
+
+
+def _terminate(process: Any, grace_s: float = 1.0) -> None:
+    """SIGTERM, then SIGKILL if it lingers; always joined (no zombies)."""
+    process.terminate()
+    process.join(grace_s)
+    if process.is_alive():
+        process.kill()
+        process.join()
