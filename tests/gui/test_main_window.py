@@ -36,8 +36,9 @@ def test_open_generated_demo_without_freezing(qtbot, main_window, demo_dir, open
     thread = window.open_source(str(demo_dir))
     assert thread is not None
     assert window.busy_bar.isVisible()  # shown before any work finishes: the call returned at once
-    qtbot.waitUntil(lambda: window.session.tree is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: window.session.tree is not None or bool(window.errors), timeout=60_000)
     qtbot.waitUntil(lambda: not thread.isRunning(), timeout=5000)
+    assert not window.errors, window.errors  # a failed open shows its cause, not a timeout
     assert not window.busy_bar.isVisible()
     opened = window.session.opened
     assert opened.checkpoint is not None  # real safetensors shards
@@ -152,7 +153,7 @@ def test_cache_browser_lists_nothing_from_an_empty_cache(qtbot, tmp_path) -> Non
 
 
 def test_run_app_shows_the_main_window_and_returns_the_exit_code(qapp, clean_settings) -> None:
-    from PySide6.QtCore import QTimer
+    from PySide6.QtCore import QCoreApplication, QEvent, QTimer
 
     from workbench.gui.app import run_app
     from workbench.gui.main_window import MainWindow
@@ -171,4 +172,8 @@ def test_run_app_shows_the_main_window_and_returns_the_exit_code(qapp, clean_set
         assert run_app() == 0
     finally:
         qapp.setStyleSheet("")
+        # Closing the last window posts a Quit event (quitOnLastWindowClosed) that exec() no
+        # longer sees once exit(0) ended it; left queued, it would end the next test's
+        # waitSignal/waitUntil event loop at once (a TimeoutError in an unrelated test).
+        QCoreApplication.removePostedEvents(qapp, QEvent.Type.Quit)
     assert seen == ["Model Memory Workbench"]
