@@ -110,3 +110,21 @@ def test_hundred_billion_parameters_cost_no_ram_and_no_more_time_than_meta() -> 
     meta_s = time.perf_counter() - start_s
     # Same order of cost as torch's meta device (generous factor: the CI machine is shared).
     assert ours_s < 3 * meta_s + 0.5
+
+
+def test_init_functions_skip_meta_tensors_only_and_are_restored() -> None:
+    original_uniform = torch.nn.init.uniform_
+    real = torch.zeros(4)
+    with init_empty_weights():
+        layer = torch.nn.Linear(3, 2)
+        torch.nn.init.uniform_(real, 1.0, 2.0)  # a real tensor inside the block is still filled
+    assert layer.weight.is_meta
+    assert bool(((real >= 1.0) & (real <= 2.0)).all())
+    assert torch.nn.init.uniform_ is original_uniform
+
+
+def test_init_functions_are_restored_after_an_exception() -> None:
+    original_kaiming = torch.nn.init.kaiming_uniform_
+    with pytest.raises(RuntimeError, match="boom"), init_empty_weights():
+        raise RuntimeError("boom")
+    assert torch.nn.init.kaiming_uniform_ is original_kaiming
