@@ -9,8 +9,7 @@ Names resolve lazily (PEP 562), so importing the package costs nothing until a n
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from workbench._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # empty-weight initialisation
@@ -88,14 +87,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605  (the names are the keys above)
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'workbench.big_modeling' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -6,8 +6,7 @@ Names resolve lazily (PEP 562) so importing the package does not import transfor
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from workbench._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "ModelSourceError": "errors",
@@ -37,14 +36,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'workbench.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
