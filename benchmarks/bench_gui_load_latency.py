@@ -32,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 
+from workbench.gui.workers import run_event_loop_until
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import numpy as np
@@ -102,22 +104,6 @@ class LatencyProbe:
         self._last_s = now
 
 
-def run_until(predicate, timeout_s: float) -> bool:
-    """Run the Qt event loop until ``predicate()`` or the timeout."""
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    loop = QEventLoop()
-    deadline = time.monotonic() + timeout_s
-    check = QTimer()
-    check.setInterval(20)
-    check.timeout.connect(lambda: (predicate() or time.monotonic() > deadline) and loop.quit())
-    check.start()
-    if not predicate():
-        loop.exec()
-    check.stop()
-    return predicate()
-
-
 def stats(late_ms: np.ndarray) -> dict[str, float]:
     return {
         "ticks": float(len(late_ms)),
@@ -147,10 +133,10 @@ def in_process_load(
     if on_thread:
         thread = threading.Thread(target=work, daemon=True)
         thread.start()
-        run_until(lambda: bool(done), 1800)
+        run_event_loop_until(lambda: bool(done), 1800)
         thread.join()
     else:
-        run_until(lambda: True, 0.2)  # a few ticks before the freeze
+        run_event_loop_until(lambda: True, 0.2)  # a few ticks before the freeze
         work()
     load_s = time.perf_counter() - start_s
     late = probe.stop()
@@ -205,7 +191,7 @@ def main() -> None:
     probe = LatencyProbe()
     results: dict[str, dict[str, float]] = {}
     probe.start()
-    run_until(lambda: False, args.idle_s)
+    run_event_loop_until(lambda: False, args.idle_s)
     results["idle"] = stats(probe.stop())
 
     for name, on_thread in (("gui-thread", False), ("py-thread", True)):
@@ -216,14 +202,18 @@ def main() -> None:
 
     if "worker" not in skip:
         panels.bridge.start()
-        run_until(lambda: panels.bridge.state == "idle", 300)  # spawn + imports: not the load
+        run_event_loop_until(
+            lambda: panels.bridge.state == "idle", 300
+        )  # spawn + imports: not the load
         timeline: list[tuple[float, str]] = []
         panels.bridge.event.connect(lambda ev: timeline.append((time.perf_counter(), _label(ev))))
         probe.start()
         start_s = time.perf_counter()
         panels.load_action.trigger()
         trigger_ms = (time.perf_counter() - start_s) * 1e3
-        ok = run_until(lambda: panels.controller.loaded or bool(panels.controller.errors), 1800)
+        ok = run_event_loop_until(
+            lambda: panels.controller.loaded or bool(panels.controller.errors), 1800
+        )
         load_s = time.perf_counter() - start_s
         late = probe.stop()
         results["worker"] = {**stats(late), "load_s": load_s}
@@ -237,9 +227,9 @@ def main() -> None:
         if not ok or panels.controller.errors:
             print(f"worker load failed: {panels.controller.errors}")
 
-        run_until(lambda: False, 1.0)  # let the last paints settle
+        run_event_loop_until(lambda: False, 1.0)  # let the last paints settle
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        run_until(lambda: False, 3.0)
+        run_event_loop_until(lambda: False, 3.0)
         rest_cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
         samples = panels.memory_plot.sample_count
     base = results["idle"]["p99"] or 1e-3

@@ -17,18 +17,17 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _wait(app: object, predicate: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        app.processEvents()  # type: ignore[attr-defined]
-        time.sleep(0.02)
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    from workbench.gui.workers import run_event_loop_until
+
+    if not run_event_loop_until(predicate, timeout_s):
+        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     config_path, _folder = resolve_source(args.model)
     start_s = time.perf_counter()
     window.open_source(str(config_path))
-    _wait(app, lambda: window.session.tree is not None, 600, "the model to open")
+    _wait(lambda: window.session.tree is not None, 600, "the model to open")
     print(f"opened {args.model} in {time.perf_counter() - start_s:.1f} s")
 
     panel = window.planner_panel
@@ -71,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     panel.seq_spin.setValue(4096)
     thread = panel.compare()
     _wait(
-        app,
         lambda: thread is not None and not thread.isRunning() and bool(panel.candidates),
         600,
         "the plans",
@@ -98,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     window.set_hardware_profile(load_profile(args.compare_profile))
     panel.sync_from_session()
     thread = panel.compare()
-    _wait(app, lambda: thread is not None and not thread.isRunning(), 600, "the plans")
+    _wait(lambda: thread is not None and not thread.isRunning(), 600, "the plans")
     panel.show_trace("balanced")
     window.planner_dock.raise_()
     window.resizeDocks([window.planner_dock], [900], Qt.Orientation.Horizontal)

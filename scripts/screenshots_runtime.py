@@ -16,27 +16,13 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from workbench.gui.workers import run_event_loop_until
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "screenshots"
 GIB = 1 << 30
-
-
-def run_until(predicate, timeout_s: float = 600.0) -> bool:
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    loop = QEventLoop()
-    deadline = time.monotonic() + timeout_s
-    check = QTimer()
-    check.setInterval(20)
-    check.timeout.connect(lambda: (predicate() or time.monotonic() > deadline) and loop.quit())
-    check.start()
-    if not predicate():
-        loop.exec()
-    check.stop()
-    return predicate()
 
 
 def main() -> int:
@@ -82,7 +68,9 @@ def main() -> int:
     window.bottom_dock.setMinimumHeight(430)
     window.bottom_tabs.setCurrentWidget(panels.memory_plot)
     panels.bridge.start()
-    run_until(lambda: panels.memory_plot.sample_count > 20, 120)  # a little history first
+    run_event_loop_until(
+        lambda: panels.memory_plot.sample_count > 20, 120
+    )  # a little history first
 
     # during: a load parked half-way by the worker's test hook
     tensor_count = len(opened.model.state_dict())
@@ -90,24 +78,24 @@ def main() -> int:
     held: list[bool] = []
     panels.bridge.phase.connect(lambda ev: held.append(ev.phase == "held"))
     panels.load_action.trigger()
-    run_until(lambda: any(held), 300)
-    run_until(lambda: False, 1.5)  # the plot and the progress bar catch up
+    run_event_loop_until(lambda: any(held), 300)
+    run_event_loop_until(lambda: False, 1.5)  # the plot and the progress bar catch up
     during = window.grab().toImage()
     panels.controller.cancel()
-    run_until(lambda: not panels.controller.busy, 60)
+    run_event_loop_until(lambda: not panels.controller.busy, 60)
 
     # after: a full load and three runs
     panels.controller.load_options = {}
     panels.load_action.trigger()
-    run_until(lambda: panels.controller.loaded or bool(panels.controller.errors), 600)
+    run_event_loop_until(lambda: panels.controller.loaded or bool(panels.controller.errors), 600)
     inference = panels.inference_panel
     inference.max_tokens_spin.setValue(12)
     for prompt in ("The quick brown fox", "Once upon a time", "Model memory"):
         inference.prompt_edit.setPlainText(prompt)
         inference.run()
-        run_until(lambda: not inference.busy, 300)
+        run_event_loop_until(lambda: not inference.busy, 300)
     window.bottom_tabs.setCurrentWidget(panels.transfer_plot)
-    run_until(lambda: False, 1.0)
+    run_event_loop_until(lambda: False, 1.0)
     transfers = window.bottom_dock.grab().toImage()
 
     width = max(during.width(), transfers.width())
@@ -121,9 +109,9 @@ def main() -> int:
     combined.save(str(OUT / "load-live-plots.png"), "PNG")
 
     inference.verify()
-    run_until(lambda: not inference.busy, 300)
+    run_event_loop_until(lambda: not inference.busy, 300)
     window.bottom_tabs.setCurrentWidget(inference)
-    run_until(lambda: False, 1.0)
+    run_event_loop_until(lambda: False, 1.0)
     window.grab().save(str(OUT / "inference-run.png"), "PNG")
     print(f"wrote {OUT / 'load-live-plots.png'} and {OUT / 'inference-run.png'}")
     window.close()

@@ -88,3 +88,20 @@ def wait_for_threads(timeout_ms: int = 10_000) -> bool:
         if not thread.wait(remaining_ms):
             return False
     return True
+
+
+def run_event_loop_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Run the Qt event loop until ``predicate()`` holds or ``timeout_s`` passes (checked every
+    20 ms); return ``predicate()``. For scripts and benchmarks, which have no qtbot."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+    deadline = time.monotonic() + timeout_s
+    check = QTimer()
+    check.setInterval(20)
+    check.timeout.connect(lambda: (predicate() or time.monotonic() > deadline) and loop.quit())
+    check.start()
+    if not predicate():
+        loop.exec()
+    check.stop()
+    return predicate()
