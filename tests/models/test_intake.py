@@ -164,3 +164,13 @@ def test_hf_cache_lists_and_opens_offline(
 def test_missing_cache_lists_nothing(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "nowhere"))
     assert list_cached_models() == []
+
+
+def test_building_skips_meta_initialisation_but_restores_transformers_init_table() -> None:
+    import transformers.initialization as hf_init
+
+    before = dict(hf_init.TORCH_INIT_FUNCTIONS)
+    opened = open_model("gpt2")
+    assert all(p.is_meta for p in opened.model.parameters())
+    assert ["lm_head.weight", "transformer.wte.weight"] in opened.tied_groups  # tying still runs
+    assert before == hf_init.TORCH_INIT_FUNCTIONS

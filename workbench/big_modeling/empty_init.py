@@ -95,7 +95,7 @@ def init_on_device(device: DeviceValue, include_buffers: bool | None = None) -> 
             for name in _INIT_FUNCTIONS:
                 if hasattr(nn.init, name):
                     stack.enter_context(
-                        _patched(nn.init, name, _skip_on_meta(getattr(nn.init, name)))
+                        _patched(nn.init, name, skip_on_meta(getattr(nn.init, name)))
                     )
         yield
 
@@ -120,7 +120,8 @@ _INIT_FUNCTIONS = (
 )
 
 
-def _skip_on_meta(init_function: Callable[..., Any]) -> Callable[..., Any]:
+def skip_on_meta(init_function: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a ``torch.nn.init``-style function so it returns meta tensors untouched."""
     original = _unwrapped(init_function)
 
     def init_unless_meta(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
