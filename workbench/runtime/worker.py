@@ -97,6 +97,9 @@ class WorkerHost:
         self._ctx = multiprocessing.get_context("spawn")
         self._lock = threading.RLock()
         self._send_lock = threading.Lock()
+        # Two threads may wait for the process (shutdown and the reader); an unserialised
+        # second waitpid gets ECHILD and multiprocessing then reports exitcode None.
+        self._reap_lock = threading.Lock()
         self._process: Any = None
         self._requests: Connection | None = None
         self._reader: threading.Thread | None = None
@@ -277,10 +280,13 @@ class WorkerHost:
             self._cancel_all_quietly()
             with contextlib.suppress(OSError):  # the worker may already be gone
                 self._send(Shutdown(request_id=self._new_id()))
-        process.join(timeout_s)
-        if process.is_alive():
-            logger.warning("worker %s did not exit in %.1f s; terminating", process.pid, timeout_s)
-            _terminate(process)
+        with self._reap_lock:
+            process.join(timeout_s)
+            if process.is_alive():
+                logger.warning(
+                    "worker %s did not exit in %.1f s; terminating", process.pid, timeout_s
+                )
+                _terminate(process)
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout_s)
 
@@ -364,7 +370,8 @@ class WorkerHost:
                     logger.warning("worker did not answer cancel in time; terminating it")
                     self._terminated_for_cancel = True
                     self._cancel_deadline = None
-                    _terminate(process)
+                    with self._reap_lock:
+                        _terminate(process)
                 # wake at least every READER_POLL_S so a cancel deadline set meanwhile counts
                 timeout = READER_POLL_S
                 if deadline is not None:
@@ -411,8 +418,9 @@ class WorkerHost:
                 self._handle(events.recv())
             except (EOFError, OSError):
                 break
-        process.join()
-        exitcode = process.exitcode
+        with self._reap_lock:
+            process.join()
+            exitcode = process.exitcode
         signal_number = -exitcode if exitcode is not None and exitcode < 0 else None
         with self._lock:
             expected = self._expect_exit or self._terminated_for_cancel
