@@ -1,19 +1,23 @@
-"""Speed shortcuts of the planner index must not change a single size, leaf or plan.
+"""The planner's lazy index must not change a single size, leaf, tie or plan.
 
-``ModuleIndex.build(..., collapse=no_split)`` sums the subtree of each no-split module instead
-of numbering its modules (the planner never looks inside them); anything a sum cannot say
-exactly (a shared module, an empty slot, a tensor held twice) falls back to the full walk.
+``LazyModuleIndex`` sums the tree in bulk and numbers modules only where the planner opens
+them; opened all the way down it must equal the eager ``ModuleIndex``. Anything a bulk sum
+cannot say exactly (a shared module, an empty slot, a tensor held twice — tied parameters
+included) falls back to the eager walk.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from test_planner_properties import planning_cases
 from torch import nn
 
 from workbench.big_modeling.empty_init import init_empty_weights
 from workbench.big_modeling.planner import get_balanced_memory, infer_auto_device_map
 from workbench.big_modeling.planner_index import ModuleIndex
+from workbench.big_modeling.planner_lazy import LazyModuleIndex, build_planner_index
 
 BLOCK = "LlamaDecoderLayer"
 
@@ -38,69 +42,122 @@ def names(index: ModuleIndex) -> list[str]:
     return [index.name_of(position) for position in range(len(index.modules))]
 
 
+def open_everything(index: ModuleIndex) -> None:
+    for position in range(len(index.modules)):
+        index.expand(position)  # preorder: a parent is opened before its children
+
+
+def assert_same_index(lazy: ModuleIndex, full: ModuleIndex) -> None:
+    assert names(lazy) == names(full)
+    assert lazy.sizes == full.sizes
+    assert lazy.ends == full.ends
+    assert lazy.parents == full.parents
+    assert lazy.class_names == full.class_names
+    assert lazy.tied_groups == full.tied_groups
+    for position in range(len(full.modules)):
+        assert lazy.modules[position] is full.modules[position]
+        assert lazy.buffer_nbytes(position) == full.buffer_nbytes(position)
+        assert lazy.tensors_of(position) == full.tensors_of(position)
+
+
 @pytest.mark.parametrize("dtype", [None, torch.float16])
-def test_collapsed_index_keeps_every_size(dtype) -> None:
+def test_lazy_index_opened_fully_equals_the_eager_one(dtype) -> None:
     model = llama_like()
     model.model.layers[1].mlp.register_buffer("steps", torch.zeros(3, dtype=torch.int64))
     full = ModuleIndex.build(model, dtype=dtype)
-    fast = ModuleIndex.build(model, dtype=dtype, collapse={BLOCK})
-    assert len(fast._collapsed) == 3  # the three decoder layers are summed, not numbered
-    assert len(fast.modules) < len(full.modules)
-    full_sizes = dict(zip(names(full), full.sizes, strict=True))
-    assert {name: full_sizes[name] for name in names(fast)} == dict(
-        zip(names(fast), fast.sizes, strict=True)
+    lazy = build_planner_index(model, dtype, no_split={BLOCK})
+    assert isinstance(lazy, LazyModuleIndex)
+    # Before the planner looks: the root and its children only (model, lm_head).
+    numbered = [p for p in range(len(lazy.modules)) if lazy.modules[p] is not None]
+    assert numbered == [0, 1, full.ends[1]]
+    assert lazy.sizes[0] == full.sizes[0]
+    assert lazy.buffer_nbytes(0) == full.buffer_nbytes(0)
+    assert lazy.leaf_stats() == full.leaf_stats()
+    assert lazy.largest_block({BLOCK}) == full.largest_block({BLOCK}) > 0
+    # The largest layer inside model (a whole decoder layer, not looked into) stands at 1.
+    positions, layer_sizes = lazy.layer_points({BLOCK})
+    assert positions == [1, full.ends[1]]
+    assert layer_sizes[0] == full.largest_block({BLOCK})
+    open_everything(lazy)
+    assert_same_index(lazy, full)
+    assert lazy.layer_points({BLOCK}) == full.layer_points({BLOCK})
+    assert lazy.layer_points(set()) == (
+        full.leaf_positions(),
+        [full.sizes[p] for p in full.leaf_positions()],
     )
-    assert fast.leaf_stats() == full.leaf_stats()
-    for position, name in enumerate(names(fast)):
-        assert fast.buffer_nbytes(position) == full.buffer_nbytes(names(full).index(name))
-    layer = names(fast).index("model.layers.1")
-    assert not fast.has_children(layer)
-    assert fast.class_names[layer] == BLOCK
 
 
-def test_tie_into_a_block_falls_back_to_the_full_walk() -> None:
+def shared_module(model: nn.Module) -> None:
+    model.extra = model.model.layers[0].mlp  # the same module under a second name
+
+
+def empty_slot(model: nn.Module) -> None:
+    model.model.layers.append(None)  # type: ignore[arg-type]
+
+
+def shared_buffer(model: nn.Module) -> None:
+    model.model.layers[1].self_attn.register_buffer("inv_freq", model.model.rotary_emb.inv_freq)
+
+
+def tied_embeddings(model: nn.Module) -> None:
+    model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def tied_into_a_block(model: nn.Module) -> None:
+    model.lm_head.weight = model.model.layers[2].mlp.down_proj.weight
+
+
+@pytest.mark.parametrize(
+    "odd", [shared_module, empty_slot, shared_buffer, tied_embeddings, tied_into_a_block]
+)
+def test_trees_a_sum_cannot_say_fall_back_to_the_eager_walk(odd) -> None:
     model = llama_like()
-    model.lm_head.weight = model.model.layers[2].mlp.down_proj.weight  # same shape family
-    index = ModuleIndex.build(model, collapse={BLOCK})
-    assert not index._collapsed
-    assert index.tied_groups  # the tie is seen, with both names
-    assert "model.layers.2.mlp.down_proj" in names(index)
+    odd(model)
+    index = build_planner_index(model, no_split={BLOCK})
+    assert type(index) is ModuleIndex
+    full = ModuleIndex.build(model)
+    assert index.sizes == full.sizes
+    assert index.tied_groups == full.tied_groups
 
 
-def test_module_shared_out_of_a_block_counts_once() -> None:
-    """Met first inside a collapsed block, the module is skipped later, as named_modules does."""
-    model = llama_like()
-    model.extra = model.model.layers[0].mlp  # the same module under a second name, after
-    index = ModuleIndex.build(model, collapse={BLOCK})
-    assert len(index._collapsed) == 3
-    assert "extra" not in names(index)
-    assert index.sizes[0] == ModuleIndex.build(model).sizes[0]
+def test_special_dtypes_use_the_eager_walk() -> None:
+    index = build_planner_index(llama_like(), special_dtypes={"lm_head.weight": torch.float32})
+    assert type(index) is ModuleIndex
 
 
-def test_module_shared_into_a_block_falls_back_to_the_full_walk() -> None:
-    model = llama_like()
-    model.model.layers[2].mlp = model.model.embed_tokens  # met first before the block
-    index = ModuleIndex.build(model, collapse={BLOCK})
-    assert not index._collapsed
-    assert index.sizes[0] == ModuleIndex.build(model).sizes[0]
+def assert_same_plans(model: nn.Module, budgets: dict, no_split: list[str] | None) -> None:
+    """Lazy and eager index give the same maps (``module_sizes={}`` forces the eager one)."""
+    for fallback in (False, True):
+        options = {"no_split_module_classes": no_split, "fallback_allocation": fallback}
+        lazy = infer_auto_device_map(model, budgets, **options)
+        eager = infer_auto_device_map(model, budgets, module_sizes={}, **options)
+        assert lazy == eager
 
 
 @pytest.mark.parametrize("tie", [False, True])
 @pytest.mark.parametrize("budget", [9_000, 20_000, 40_000])
 def test_plans_match_the_full_index(tie: bool, budget: int) -> None:
-    """``module_sizes={}`` overrides nothing but turns collapsing off: maps must be equal."""
+    """``module_sizes={}`` overrides nothing but makes the planner use the eager index."""
     model = llama_like(tie=tie)
     budgets = {0: budget, 1: budget, "cpu": 30_000}
     for no_split in ([BLOCK], None):
-        fast = infer_auto_device_map(model, budgets, no_split_module_classes=no_split)
-        full = infer_auto_device_map(
-            model, budgets, no_split_module_classes=no_split, module_sizes={}
-        )
-        assert fast == full
+        assert_same_plans(model, budgets, no_split)
     balanced = get_balanced_memory(model, budgets, no_split_module_classes=[BLOCK])
     full_index = ModuleIndex.build(model)
-    nbytes = [full_index.sizes[p] for p in range(len(full_index.modules))]
-    block = max(n for n, c in zip(nbytes, full_index.class_names, strict=True) if c == BLOCK)
     count, total = full_index.leaf_stats()
-    margin = int(1.25 * max(block, total // count))
+    margin = int(1.25 * max(full_index.largest_block({BLOCK}), total // count))
     assert balanced[0] == min(budget, full_index.sizes[0] // 2 + margin)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(planning_cases())
+def test_lazy_and_eager_plans_agree_on_random_trees(case: tuple[nn.Module, dict, bool]) -> None:
+    model, budgets, no_split = case
+    classes = ["NoSplitBlock"] if no_split else None
+    assert_same_plans(model, budgets, classes)
+    index = build_planner_index(model, no_split=set(classes or ()))
+    full = ModuleIndex.build(model)
+    assert isinstance(index, LazyModuleIndex) != bool(full.tied_groups)
+    assert index.leaf_stats() == full.leaf_stats()
+    open_everything(index)
+    assert_same_index(index, full)

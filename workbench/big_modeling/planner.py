@@ -24,6 +24,7 @@ from workbench.big_modeling.devices import DeviceValue, device_label, normalize_
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.planner_core import run_placement
 from workbench.big_modeling.planner_index import ModuleIndex
+from workbench.big_modeling.planner_lazy import build_planner_index
 from workbench.big_modeling.sizes import convert_file_size_to_int, format_nbytes, get_max_memory
 
 __all__ = [
@@ -207,7 +208,7 @@ def get_balanced_memory(
         {0: 260, 1: 1000, 'cpu': 1000}
     """
     no_split = _no_split_set(no_split_module_classes)
-    index = ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes, collapse=no_split)
+    index = build_planner_index(model, dtype, special_dtypes, no_split)
     budgets = get_max_memory(max_memory)
     return _balanced(index, budgets, no_split, low_zero, max_memory is None)
 
@@ -229,17 +230,7 @@ def _balanced(
             budgets[gpus[0]] = int(budgets[gpus[0]] * 0.9)
     total = index.sizes[0]
     per_gpu = total // (len(gpus) - 1 if low_zero else len(gpus))
-    sizes = index.sizes
-    block_nbytes = 0
-    if no_split:
-        block_nbytes = max(
-            (
-                nbytes
-                for nbytes, name in zip(sizes[1:], index.class_names[1:], strict=True)
-                if name in no_split
-            ),
-            default=0,
-        )
+    block_nbytes = index.largest_block(no_split)
     leaf_count, leaf_total = index.leaf_stats()
     margin = int(1.25 * max(block_nbytes, leaf_total // max(leaf_count, 1)))
     per_gpu += margin
@@ -286,10 +277,10 @@ def _plan(
             f"unknown planning strategy {strategy!r}; use one of {', '.join(STRATEGIES)}"
         )
     no_split = _no_split_set(no_split_module_classes)
-    # No-split modules are summed, not indexed, unless sizes are overridden by name.
-    collapse = no_split if module_sizes is None else set()
-    index = ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes, collapse=collapse)
-    if module_sizes is not None:
+    if module_sizes is None:
+        index = build_planner_index(model, dtype, special_dtypes, no_split)
+    else:  # sizes overridden by name: every module must be numbered
+        index = ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes)
         _override_sizes(index, module_sizes)
     budgets = get_max_memory(max_memory)
     reserves = _reserve_bytes(reserve)

@@ -171,6 +171,7 @@ class _Pass:
         """Direct parameters, child modules, direct buffers of ``module``, as items."""
         parts = self.parts_cache.get(module)
         if parts is None:
+            self._open(module)
             params, buffers = [], []
             for entry in self.index.tensors_of(module):
                 item = self.module_count + len(self.tensors)
@@ -195,22 +196,16 @@ class _Pass:
 
     def _layer_tree(self) -> SuffixMax:
         """Layers: modules without child modules, or of a no-split class (not looked into)."""
-        index = self.index
-        sizes = index.sizes
-        if not self.no_split:
-            positions = index.leaf_positions()
-            return SuffixMax(positions, [sizes[position] for position in positions])
-        positions, layer_sizes = [], []
-        position, count = 1, self.module_count
-        ends, class_names, no_split = index.ends, index.class_names, self.no_split
-        while position < count:
-            if ends[position] > position + 1 and class_names[position] not in no_split:
-                position += 1
-            else:
-                positions.append(position)
-                layer_sizes.append(sizes[position])
-                position = ends[position]
-        return SuffixMax(positions, layer_sizes)
+        positions, sizes = self.index.layer_points(self.no_split)
+        return SuffixMax(self.module_count, positions, sizes)
+
+    def _open(self, module: int) -> None:
+        """Let a lazy index number ``module``'s children; its largest layer moves to them."""
+        if self.index.expand(module):
+            self.layers.set(module, 0)
+            positions, sizes = self.index.layer_points(self.no_split, module)
+            for position, nbytes in zip(positions, sizes, strict=True):
+                self.layers.set(position, nbytes)
 
     # -- tied parameters --------------------------------------------------------------------
 

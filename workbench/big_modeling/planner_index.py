@@ -7,40 +7,22 @@ comparisons, never a prefix scan. Full names and per-tensor entries are made onl
 (``name_of``, ``tensors_of``): the planner needs them for the few modules it splits, and a
 98k-module tree costs little more than one ``named_parameters()`` pass.
 
-The planner passes its no-split classes as ``collapse``: those modules become single nodes whose
-subtree is summed with C-level ``map``/``chain`` instead of numbered module by module, since the
-planner never splits them (on the 48 x 512-expert MoE, ~50 of 98k modules stay numbered).
+The planner itself uses ``planner_lazy.LazyModuleIndex``, which sums the tree in bulk and
+numbers modules only where it looks; this eager index is its fallback and the reference.
 """
 
 from __future__ import annotations
 
 import gc
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
-from itertools import chain, repeat
-from operator import attrgetter, is_not
+from itertools import repeat
 
 import torch
 from torch import nn
 
 PARAMETER, BUFFER = 1, 2
-
-
-_GET_MODULES = attrgetter("_modules")
-_GET_PARAMETERS = attrgetter("_parameters")
-_GET_BUFFERS = attrgetter("_buffers")
-_GET_DTYPE = attrgetter("dtype")
-
-
-def _present(groups: Iterable[Iterable[torch.Tensor | None]]) -> list[torch.Tensor]:
-    """The tensors of ``groups``, flattened, without ``None`` (compared by identity)."""
-    return list(filter(partial(is_not, None), chain.from_iterable(groups)))
-
-
-class _CollapseRefused(Exception):
-    """A collapsed module cannot be summarised exactly; index without collapsing."""
 
 
 _SUB_BYTE_BITS = {f"int{bits}": bits for bits in range(1, 8)} | {
@@ -105,9 +87,6 @@ class ModuleIndex:
     _buffer_owners: list[int] = field(default_factory=list)
     _buffer_totals: list[int] = field(default_factory=list)
     _class_names: list[str] | None = None
-    _collapse: frozenset[str] = frozenset()
-    #: collapsed module position -> the modules of its subtree (for ``leaf_stats``)
-    _collapsed: dict[int, list[nn.Module]] = field(default_factory=dict)
     _leaves: list[int] | None = None
     #: groups of tied parameters as (owner position, attribute name), first occurrence first
     tied_groups: list[list[tuple[int, str]]] = field(default_factory=list)
@@ -123,33 +102,9 @@ class ModuleIndex:
         model: nn.Module,
         dtype: torch.dtype | str | None = None,
         special_dtypes: Mapping[str, torch.dtype | str] | None = None,
-        *,
-        collapse: frozenset[str] | set[str] = frozenset(),
     ) -> ModuleIndex:
-        """Index ``model`` in one walk; sizes use ``dtype``/``special_dtypes`` as loading would.
-
-        ``collapse``: class names (the planner's no-split classes) whose modules are indexed as
-        one node: their subtree is only summed, not numbered, since the planner never looks
-        inside them. Ignored with ``special_dtypes`` (which name inner tensors); a tie that
-        reaches into a collapsed module makes the index fall back to a full walk.
-        """
-        if collapse and not special_dtypes:
-            try:
-                return cls._build(model, dtype, special_dtypes, frozenset(collapse))
-            except _CollapseRefused:
-                pass
-        return cls._build(model, dtype, special_dtypes, frozenset())
-
-    @classmethod
-    def _build(
-        cls,
-        model: nn.Module,
-        dtype: torch.dtype | str | None,
-        special_dtypes: Mapping[str, torch.dtype | str] | None,
-        collapse: frozenset[str],
-    ) -> ModuleIndex:
+        """Index ``model`` in one walk; sizes use ``dtype``/``special_dtypes`` as loading would."""
         index = cls()
-        index._collapse = collapse
         index.dtype_nbytes = dtype_byte_size(as_dtype(dtype)) if dtype is not None else None
         index.special_nbytes = {
             name: dtype_byte_size(as_dtype(value)) for name, value in (special_dtypes or {}).items()
@@ -178,7 +133,6 @@ class ModuleIndex:
         itemsize_for = self.itemsize_for
         special = bool(self.special_nbytes)
         seen: set[int] = set()
-        collapse, collapsed = self._collapse, self._collapsed
         modules_append, short_names_append = modules.append, short_names.append
         parents_append, sizes_append = parents.append, sizes.append
         seen_add = seen.add
@@ -195,9 +149,6 @@ class ModuleIndex:
             modules_append(module)
             short_names_append(short_name)
             parents_append(parent)
-            if collapse and me and type(module).__name__ in collapse:
-                sizes_append(self._sum_collapsed(module, me, itemsizes, seen))
-                continue
             nbytes = 0
             for attr, tensor in module._parameters.items():
                 if tensor is None:
@@ -214,8 +165,6 @@ class ModuleIndex:
                         itemsize = itemsizes[tensor.dtype] = itemsize_for(tensor.dtype)
                     nbytes += int(tensor.numel() * itemsize)
                 else:  # a tied parameter: counted once, at its first name
-                    if first in collapsed:
-                        raise _CollapseRefused
                     group = tied.get(key)
                     if group is None:
                         group = tied[key] = [(first, self._attr_of(first, tensor))]
@@ -237,63 +186,6 @@ class ModuleIndex:
             if submodules:
                 push(zip(reversed(submodules), reversed(submodules.values()), repeat(me)))
         self.tied_groups = list(tied.values())
-
-    def _sum_collapsed(
-        self,
-        block: nn.Module,
-        me: int,
-        itemsizes: dict[torch.dtype, int | float],
-        seen: set[int],
-    ) -> int:
-        """Bytes of ``block``'s subtree, all owned by position ``me``.
-
-        Works level by level with C-level ``map``/``chain`` (a block's modules stay in cache,
-        so the extra passes are cheap). Raises ``_CollapseRefused`` for anything a sum cannot
-        say exactly (a shared module, an empty slot, a tensor held twice): the index is then
-        rebuilt without collapsing.
-        """
-        modules, level = [block], [block]
-        try:
-            while level:
-                level = list(chain.from_iterable(map(dict.values, map(_GET_MODULES, level))))
-                modules += level
-            ids = list(map(id, modules))
-            seen.discard(id(block))  # marked by the caller
-            if len(set(ids)) != len(ids) or not seen.isdisjoint(ids):
-                raise _CollapseRefused
-            seen.update(ids)
-            params = _present(map(dict.values, map(_GET_PARAMETERS, modules)))
-            buffers = _present(map(dict.values, map(_GET_BUFFERS, modules)))
-        except AttributeError:  # None in a module slot
-            raise _CollapseRefused from None
-        first_owner = self._first_owner
-        tensor_ids = list(map(id, chain(params, buffers)))
-        if len(set(tensor_ids)) != len(tensor_ids) or not first_owner.keys().isdisjoint(tensor_ids):
-            raise _CollapseRefused
-        first_owner.update(zip(tensor_ids, repeat(me)))
-        nbytes = self._sum_nbytes(params, itemsizes)
-        buffer_nbytes = self._sum_nbytes(buffers, itemsizes)
-        if buffer_nbytes:
-            totals = self._buffer_totals
-            self._buffer_owners.append(me)
-            totals.append(buffer_nbytes + (totals[-1] if totals else 0))
-        self._collapsed[me] = modules
-        return nbytes + buffer_nbytes
-
-    def _sum_nbytes(
-        self, tensors: list[torch.Tensor], itemsizes: dict[torch.dtype, int | float]
-    ) -> int:
-        if not tensors:
-            return 0
-        dtypes = set(map(_GET_DTYPE, tensors))
-        if len(dtypes) == 1:
-            (dtype,) = dtypes
-            itemsize = itemsizes.get(dtype)
-            if itemsize is None:
-                itemsize = itemsizes[dtype] = self.itemsize_for(dtype)
-            if isinstance(itemsize, int):  # sub-byte sizes round per tensor, below
-                return sum(map(torch.Tensor.numel, tensors)) * itemsize
-        return sum(self._tensor_nbytes(0, "", tensor, itemsizes) for tensor in tensors)
 
     def _tensor_nbytes(
         self, owner: int, attr: str, tensor: torch.Tensor, itemsizes: dict[torch.dtype, int | float]
@@ -342,18 +234,59 @@ class ModuleIndex:
         return leaves
 
     def leaf_stats(self) -> tuple[int, int]:
-        """``(count, total bytes)`` of the leaf modules holding bytes, inside collapsed ones too."""
-        sizes, collapsed = self.sizes, self._collapsed
-        leaf_sizes = [sizes[p] for p in self.leaf_positions() if sizes[p] and p not in collapsed]
-        itemsizes: dict[torch.dtype, int | float] = {}
-        for modules in collapsed.values():
-            for module in modules:
-                if not module._modules:
-                    tensors = _present([module._parameters.values(), module._buffers.values()])
-                    nbytes = self._sum_nbytes(tensors, itemsizes) if tensors else 0
-                    if nbytes:
-                        leaf_sizes.append(nbytes)
+        """``(count, total bytes)`` of the leaf modules holding bytes (root excluded)."""
+        sizes = self.sizes
+        leaf_sizes = [sizes[p] for p in self.leaf_positions() if sizes[p]]
         return len(leaf_sizes), sum(leaf_sizes)
+
+    def largest_block(self, classes: set[str] | frozenset[str]) -> int:
+        """Bytes of the largest module (root excluded) whose class name is in ``classes``."""
+        if not classes:
+            return 0
+        names, sizes = self.class_names, self.sizes
+        return max((sizes[p] for p in range(1, len(sizes)) if names[p] in classes), default=0)
+
+    # -- what the planner opens ---------------------------------------------------------------
+
+    def expand(self, position: int) -> bool:
+        """Number the children of ``position`` if that is not done yet; True if it was not.
+
+        Every module of this eager index is numbered already; ``LazyModuleIndex`` numbers them
+        when the planner first looks inside.
+        """
+        return False
+
+    def layer_points(
+        self, no_split: set[str] | frozenset[str], under: int = 0
+    ) -> tuple[list[int], list[int]]:
+        """Layers below ``under``, as ``(positions, bytes)``: the "largest layer still to place".
+
+        A layer is a module without child modules or of a ``no_split`` class (not looked into);
+        a module not numbered inside yet stands for its subtree, with its largest layer.
+        """
+        positions: list[int] = []
+        values: list[int] = []
+        ends, class_names = self.ends, self.class_names
+        position, end = under + 1, ends[under]
+        while position < end:
+            if (
+                ends[position] > position + 1
+                and class_names[position] not in no_split
+                and not self._closed(position)
+            ):
+                position += 1
+                continue
+            positions.append(position)
+            values.append(self._layer_nbytes(position, no_split))
+            position = ends[position]
+        return positions, values
+
+    def _closed(self, position: int) -> bool:
+        """True for a module with children that are not numbered yet (lazy index)."""
+        return False
+
+    def _layer_nbytes(self, position: int, no_split: set[str] | frozenset[str]) -> int:
+        return self.sizes[position]
 
     # -- sizes ------------------------------------------------------------------------------
 
