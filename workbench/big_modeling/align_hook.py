@@ -134,13 +134,15 @@ class AlignDevicesHook(ModelHook):
         io_same_device = getattr(self, "_io_same_device", False)
         self._moves_only = not offload and not io_same_device
         cls = type(self)
+        device = getattr(self, "_device", None)
         self._inline_moves = (
             self._moves_only
-            and getattr(self, "_device", None) is not None
+            and device is not None
             and not self.no_grad
             and cls.pre_forward is AlignDevicesHook.pre_forward
             and cls.post_forward is AlignDevicesHook.post_forward
         )
+        self._inline_cpu = self._inline_moves and device.type == "cpu"
 
     @property
     def offload(self) -> bool:
@@ -314,12 +316,9 @@ class AlignDevicesHook(ModelHook):
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         device = self._device
-        if self._moves_only:  # the hot path: inputs already on the device cost one check each
+        if self._moves_only:  # inputs already on the device cost one check each
             if device is not None:
-                for item in args:
-                    if item.__class__ is not Tensor or item.device != device:
-                        args = move_args(args, device, self._non_blocking)
-                        break
+                args = move_args(args, device, self._non_blocking)
                 if kwargs:
                     kwargs = move_kwargs(kwargs, device, self._non_blocking, self._skip)
             return args, kwargs

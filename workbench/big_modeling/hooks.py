@@ -57,7 +57,9 @@ class ModelHook:
     no_grad = False
     # True on hooks whose whole job is moving plain inputs to ``_device`` (a non-offloading
     # AlignDevicesHook): the wrapper then inlines that move and skips pre/post_forward.
+    # ``_inline_cpu``: such a hook whose ``_device`` is the CPU (tested with ``Tensor.is_cpu``).
     _inline_moves = False
+    _inline_cpu = False
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         """Called when the hook is attached; returns the module (possibly changed)."""
@@ -140,23 +142,34 @@ class SequentialHook(ModelHook):
 
 
 def _hooked_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The forward of a hooked module. Kept minimal: it runs once per module per call."""
+    """The forward of a hooked module. Kept minimal: it runs once per module per call.
+
+    The common case (a hook that only moves inputs, no recorder, plain tensors already on a
+    CPU execution device) costs two attribute reads on the module, two on the hook, one global
+    read and one type test plus one ``is_cpu`` per positional tensor, and no further call or allocation.
+    """
     hook = module._hf_hook
+    if hook._inline_moves and _transfers._recorder is None:
+        if hook._inline_cpu:  # ``is_cpu`` is about twice as cheap as comparing devices
+            for item in args:
+                if item.__class__ is not Tensor or not item.is_cpu:
+                    args = move_args(args, hook._device, False)
+                    break
+        else:
+            device = hook._device
+            for item in args:
+                if item.__class__ is not Tensor or item.device != device:
+                    args = move_args(args, device, hook._non_blocking)
+                    break
+        if kwargs:
+            kwargs = move_kwargs(kwargs, hook._device, hook._non_blocking, hook._skip)
+        return module._old_forward(*args, **kwargs)
     recorder = _transfers._recorder
     if recorder is not None:
         return _recorded_forward(module, hook, recorder, args, kwargs)
-    if hook._inline_moves:
-        device = hook._device
-        for item in args:
-            if item.__class__ is not Tensor or item.device != device:
-                args = move_args(args, device, hook._non_blocking)
-                break
-        if kwargs:
-            kwargs = move_kwargs(kwargs, device, hook._non_blocking, hook._skip)
-        return module._old_forward(*args, **kwargs)
     args, kwargs = hook.pre_forward(module, *args, **kwargs)
     try:
-        if hook.no_grad:
+        if hook.no_grad and torch.is_grad_enabled():  # no context manager when off
             with torch.no_grad():
                 output = module._old_forward(*args, **kwargs)
         else:

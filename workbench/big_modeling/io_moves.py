@@ -1,7 +1,8 @@
 """Moving nested inputs and outputs (tensors in tuples, lists, dicts, dataclasses) to a device.
 
 The hooks call these once per forward, so the common case — a flat tuple of plain tensors that
-are already on the device — returns the very same tuple after one type and device check each.
+are already on the device, or of values that cannot hold one (None, numbers, strings, dtypes) —
+returns the very same tuple after one type (and device) check each.
 
 Example:
     >>> import torch
@@ -18,10 +19,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+# Values that never hold a tensor: returned as they are without an isinstance chain.
+_ATOMIC = frozenset(
+    (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+)
+_NO_SKIP: frozenset[str] = frozenset()
+
 
 def _skip_set(skip_keys: str | list[str] | tuple[str, ...] | None) -> frozenset[str]:
     if skip_keys is None:
-        return frozenset()
+        return _NO_SKIP
     if isinstance(skip_keys, str):
         return frozenset((skip_keys,))
     return frozenset(skip_keys)
@@ -59,6 +66,8 @@ def send_to_device(
 
 
 def _send(obj: Any, device: torch.device, non_blocking: bool, skip: frozenset[str]) -> Any:
+    if obj.__class__ in _ATOMIC:
+        return obj
     if isinstance(obj, Tensor):
         if obj.device == device:
             return obj
@@ -112,10 +121,15 @@ def _copy_with(obj: Any, changes: dict[str, Any]) -> Any:
 
 
 def move_args(args: tuple, device: torch.device, non_blocking: bool) -> tuple:
-    """``args`` on ``device``: the same tuple when every item is a plain tensor already there."""
+    """``args`` on ``device``: the same tuple when nothing in it has to move."""
     for item in args:
-        if item.__class__ is not Tensor or item.device != device:
-            return tuple(_send(value, device, non_blocking, frozenset()) for value in args)
+        cls = item.__class__
+        if cls is Tensor:
+            if item.device == device:
+                continue
+        elif cls in _ATOMIC:
+            continue
+        return tuple(_send(value, device, non_blocking, _NO_SKIP) for value in args)
     return args
 
 
@@ -124,13 +138,18 @@ def move_kwargs(
 ) -> dict[str, Any]:
     """``kwargs`` on ``device``, honouring ``skip``; the same dict when nothing moves."""
     for key, value in kwargs.items():
-        if value.__class__ is not Tensor or value.device != device:
-            if key in skip and value.__class__ is Tensor:
+        cls = value.__class__
+        if cls is Tensor:
+            if value.device == device:
                 continue
-            return {
-                key: value if key in skip else _send(value, device, non_blocking, skip)
-                for key, value in kwargs.items()
-            }
+        elif cls in _ATOMIC:
+            continue
+        if key in skip:
+            continue
+        return {
+            key: value if key in skip else _send(value, device, non_blocking, skip)
+            for key, value in kwargs.items()
+        }
     return kwargs
 
 
