@@ -9,8 +9,8 @@ Variants run side by side in this process, interleaved round by round:
 
 - ``plain``        the model in bf16, no hooks (the floor);
 - ``ours``         ``workbench.big_modeling.attach_layerwise_casting_hooks`` (fp8 storage,
-                   ``fp8_kernel="auto"``); on CUDA with Triton also ``ours_never`` (always
-                   ``Tensor.to``) and ``ours_always`` (always the Triton up-cast kernel);
+                   ``fp8_kernel="auto"``); also ``ours_never`` (always ``Tensor.to``) and, on
+                   CUDA with Triton, ``ours_always`` (always the Triton up-cast kernel);
 - ``accel``        ``accelerate.big_modeling.attach_layerwise_casting_hooks`` when installed.
 
 Prints the median forward time of each, the ratio to ``plain`` (target for ours: <= 3.5x),
@@ -25,6 +25,21 @@ Measured on an H200 (torch 2.11, Triton 3.6), 12 x Linear(4096), ratio to plain 
 At small batches the hooked forward is bound by host time (~40 us of Python and launches per
 layer against ~18 us for a plain ``Linear``) and by PyTorch's fp8 cast kernel (53 us per
 4096x4096 weight; our Triton kernel: 27 us).
+
+On CPU (2 shared AMD EPYC cores, torch 2.13, ``--layers 12 --width 4096``) the up-cast, not
+the matmul, dominates: PyTorch's fp8 cast is a scalar loop (~100 ms per 4096x4096 weight) plus
+~25 ms of page faults for a fresh 32 MiB copy. Ours up-casts by a table look-up into a reused
+scratch buffer (``casting_kernels``, ``casting_scratch``): ~30 ms per weight. Ratio to plain
+bf16, two runs each (``ours_never``: ``Tensor.to`` into the scratch buffer):
+
+    --threads 1   batch   1: ours 5.9-6.8x  ours_never 19x    accelerate 25-28x  (plain 65 ms)
+                  batch   8: ours 2.1-2.2x  ours_never 4.6-4.9x  accelerate 6.0-6.8x  (341 ms)
+    --threads 2   batch   1: ours 8.7-10x   ours_never 12-13x  accelerate 17x  (plain 104-204 ms)
+                  batch   8: ours 3.1-3.3x  ours_never 4.3-4.7x  accelerate 5.2-7.3x (181-398 ms)
+                  batch 128: ours 1.2-2.1x  ours_never 1.2-2.5x  accelerate 1.4-2.3x (2.7-5.3 s)
+
+With 2 threads on 2 cores shared with other jobs every OpenMP region can wait for a descheduled
+thread, so those figures swing 2x from run to run; ``--threads 1`` is steadier.
 
     python benchmarks/bench_casting.py                   # CPU, 4 x Linear(1024)
     python benchmarks/bench_casting.py --device cuda     # 12 x Linear(4096), the target
@@ -42,7 +57,7 @@ import torch
 from torch import nn
 
 from workbench.big_modeling import attach_layerwise_casting_hooks
-from workbench.big_modeling.casting import _fp8_upcast_kernel, fp8_upcast_triton
+from workbench.big_modeling.casting_kernels import _fp8_upcast_kernel, fp8_upcast_triton
 
 STORAGE = torch.float8_e4m3fn
 COMPUTE = torch.bfloat16
@@ -155,7 +170,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="rows of the (batch, width) input")
     parser.add_argument("--repeats", type=int, default=None, help="default: 50 cuda, 5 cpu")
     parser.add_argument("--breakdown", action="store_true", help="per-layer kernel/host times")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
     layers = args.layers or (12 if cuda else 4)
     width = args.width or (4096 if cuda else 1024)
@@ -165,11 +183,12 @@ def main() -> None:
     ours = copy.deepcopy(plain)
     attach_layerwise_casting_hooks(ours, STORAGE, COMPUTE)
     variants: dict[str, nn.Module] = {"plain": plain, "ours": ours}
-    if cuda and _fp8_upcast_kernel() is not None:  # the two fixed policies beside "auto"
-        for policy in ("never", "always"):
-            variant = copy.deepcopy(plain)
-            attach_layerwise_casting_hooks(variant, STORAGE, COMPUTE, fp8_kernel=policy)
-            variants[f"ours_{policy}"] = variant
+    # the fixed policies beside "auto"; on CPU "always" is what "auto" does
+    policies = ("never", "always") if cuda and _fp8_upcast_kernel() is not None else ("never",)
+    for policy in policies:
+        variant = copy.deepcopy(plain)
+        attach_layerwise_casting_hooks(variant, STORAGE, COMPUTE, fp8_kernel=policy)
+        variants[f"ours_{policy}"] = variant
     try:
         from accelerate.big_modeling import attach_layerwise_casting_hooks as accel_attach
 
@@ -182,7 +201,7 @@ def main() -> None:
     params = sum(p.numel() for p in plain.parameters())
     print(
         f"{layers} x Linear({width}, {width}) = {params:,} params; input ({args.batch}, {width}) "
-        f"bf16; device {args.device}; {repeats} timed rounds"
+        f"bf16; device {args.device}; {repeats} timed rounds; {torch.get_num_threads()} threads"
     )
     x = torch.randn(args.batch, width, device=args.device, dtype=COMPUTE)
     timer = make_timer(args.device)

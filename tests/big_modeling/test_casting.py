@@ -309,7 +309,8 @@ def test_cuda_fp8_storage_bf16_compute_frees_copies() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16], ids=str)
 def test_cuda_fp8_upcast_kernel_is_bit_exact(compute) -> None:
-    from workbench.big_modeling.casting import _fp8_upcast_kernel, _upcast, fp8_upcast_triton
+    from workbench.big_modeling.casting import _upcast
+    from workbench.big_modeling.casting_kernels import _fp8_upcast_kernel, fp8_upcast_triton
 
     if _fp8_upcast_kernel() is None:
         pytest.skip("Triton is not installed: the hook uses Tensor.to")

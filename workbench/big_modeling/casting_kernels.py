@@ -1,0 +1,144 @@
+"""Exact fp8 up-casts, faster than ``Tensor.to``.
+
+- CUDA: a Triton kernel for float8_e4m3fn -> bf16/fp16 (integer bit arithmetic; every e4m3fn
+  value is exact in both, so the result is bit-identical to ``Tensor.to``, NaN payloads aside).
+- CPU: a 256-entry table look-up for any one-byte float -> any float dtype, bit-identical to
+  ``Tensor.to`` by construction. PyTorch's CPU cast is a scalar loop (~6 ns per element: ~100 ms
+  for a 4096x4096 weight, against ~20-30 ms here).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+# e4m3fn -> wide float, exact, as integer bit arithmetic: (mantissa bits, exponent bias - 7, NaN)
+_FP8_UPCAST_FORMATS: dict[torch.dtype, tuple[int, int, int]] = {
+    torch.bfloat16: (7, 120, 0x7FC0),
+    torch.float16: (10, 8, 0x7E00),
+}
+_UPCAST_BLOCK = 4096
+_FAST_UPCAST_MIN_NUMEL = 1 << 22  # 4M elements: the kernel saves >= 6 us of GPU time there
+
+
+@functools.cache
+def _fp8_upcast_kernel() -> Any:
+    """A Triton kernel for float8_e4m3fn -> bf16/fp16, or None without Triton.
+
+    PyTorch's cast runs a scalar software conversion (~1 TB/s on an H200: 53 us for a 4096x4096
+    weight); this one is pure integer bit arithmetic and memory-bound. Every e4m3fn value is
+    exactly representable in bf16 and fp16, so the result is bit-identical to ``Tensor.to``
+    (NaN payloads aside).
+    """
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def upcast(
+        src,
+        dst,
+        numel,
+        MB: tl.constexpr,  # noqa: N803  (compile-time constants in capitals, Triton style)
+        BD: tl.constexpr,  # noqa: N803
+        NAN: tl.constexpr,  # noqa: N803
+        BLOCK: tl.constexpr,  # noqa: N803
+    ):
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < numel
+        code = tl.load(src + offsets, mask=mask, other=0).to(tl.int32)
+        sign = (code & 0x80) << 8
+        magnitude = code & 0x7F
+        exponent = magnitude >> 3
+        mantissa = magnitude & 7
+        normal = ((exponent + BD) << MB) | (mantissa << (MB - 3))
+        # subnormal e4m3 (exponent 0): mantissa * 2**-9, normal in the wide format
+        lead = tl.where(mantissa >= 4, 2, tl.where(mantissa >= 2, 1, 0))
+        fraction = ((mantissa - (1 << lead)) << (MB - lead)) & ((1 << MB) - 1)
+        subnormal = tl.where(mantissa == 0, 0, ((lead + BD - 2) << MB) | fraction)
+        bits = tl.where(exponent == 0, subnormal, normal)
+        bits = tl.where(magnitude == 0x7F, NAN, bits) | sign
+        tl.store(dst + offsets, bits.to(tl.int16), mask=mask)
+
+    return upcast
+
+
+def fp8_upcast_triton(stored: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor | None:
+    """Up-cast a contiguous CUDA ``float8_e4m3fn`` tensor with the Triton kernel.
+
+    Returns None when Triton is missing or the tensor or dtype does not qualify.
+    """
+    if (
+        stored.dtype != torch.float8_e4m3fn
+        or not stored.is_cuda
+        or compute_dtype not in _FP8_UPCAST_FORMATS
+        or not stored.is_contiguous()
+    ):
+        return None
+    kernel = _fp8_upcast_kernel()
+    if kernel is None:
+        return None
+    out = torch.empty(stored.shape, dtype=compute_dtype, device=stored.device)
+    numel = stored.numel()
+    if numel:
+        mb, bd, nan = _FP8_UPCAST_FORMATS[compute_dtype]
+        grid = (-(-numel // _UPCAST_BLOCK),)
+        kernel[grid](
+            stored.view(torch.uint8), out.view(torch.int16), numel, mb, bd, nan, _UPCAST_BLOCK
+        )
+    return out
+
+
+# CPU: a one-byte float has 256 codes, so the up-cast is a table look-up: widen the codes to
+# int32 indices, gather from the 256 values PyTorch's own cast gives (exact by construction, NaN
+# payloads and -0 included, no float arithmetic, so nothing depends on denormal flushing).
+# Chunk by chunk, so that the int32 indices take 16 MiB, not 4 bytes per code of the weight.
+# Chunks of 256K-1M codes stay in cache (21 ms per 4096x4096 weight on one thread, against 29 ms
+# here) but each pass is an OpenMP region, and on a busy machine a region can wait a scheduler
+# slice for a descheduled thread: with 2 threads on 2 shared cores 4M-code chunks were 1.3-5x
+# faster than 256K-1M ones.
+_CPU_CHUNK_NUMEL = 1 << 22
+
+
+@functools.cache
+def _byte_float_table(storage_dtype: torch.dtype, compute_dtype: torch.dtype) -> torch.Tensor:
+    codes = torch.arange(256, dtype=torch.uint8).view(storage_dtype)
+    return codes.to(compute_dtype)  # (256,) compute_dtype
+
+
+def fp8_upcast_cpu_into(stored: torch.Tensor, out: torch.Tensor) -> bool:
+    """Up-cast a CPU one-byte float tensor (fp8) into ``out``: same shape and strides, any
+    floating dtype.
+
+    Bit-identical to ``out.copy_(stored)`` and ~5x faster on a 4096x4096 weight (PyTorch's fp8
+    conversion is a scalar loop, ~6 ns per element). Returns False, with ``out`` untouched, when
+    the tensors do not qualify (then copy instead).
+    """
+    if (
+        stored.element_size() != 1
+        or not stored.is_floating_point()
+        or not out.is_floating_point()
+        or stored.device.type != "cpu"
+        or out.device.type != "cpu"
+        or out.shape != stored.shape
+        or out.stride() != stored.stride()
+    ):
+        return False
+    # dims by decreasing stride: a dense tensor, transposed or not, becomes contiguous
+    order = sorted(range(stored.dim()), key=lambda dim: -stored.stride(dim))
+    src, dst = stored.permute(order), out.permute(order)
+    if not (src.is_contiguous() and dst.is_contiguous()):
+        return False
+    table = _byte_float_table(stored.dtype, out.dtype)
+    codes, values = src.reshape(-1).view(torch.uint8), dst.view(-1)
+    indices = torch.empty(min(codes.numel(), _CPU_CHUNK_NUMEL), dtype=torch.int32)
+    for start in range(0, codes.numel(), _CPU_CHUNK_NUMEL):
+        chunk = codes[start : start + _CPU_CHUNK_NUMEL]
+        chunk_indices = indices[: chunk.numel()]
+        chunk_indices.copy_(chunk)
+        torch.index_select(table, 0, chunk_indices, out=values[start : start + chunk.numel()])
+    return True
