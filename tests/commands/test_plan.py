@@ -105,7 +105,7 @@ def test_auto_reserve_comes_from_the_config(cli) -> None:
 def test_bad_inputs_exit_2(cli, demo_dir: Path) -> None:
     cases = [
         (["--max-memory", "cpu64GiB"], "must look like DEVICE=SIZE"),
-        (["--max-memory", "cpu=lots"], "'lots' is not a size"),
+        (["--max-memory", "cpu=lots"], "'lots' is not a memory size"),
         (["--max-memory", "gpu0=1GiB"], "'gpu0' is not a device"),
         (["--max-memory", "cpu=1GiB", "cpu=2GiB"], "gives device 'cpu' twice"),
         (["--profile", "rtx5090"], "unknown hardware profile 'rtx5090'"),

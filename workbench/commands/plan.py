@@ -64,7 +64,7 @@ def parse_device_sizes(items: list[str], option: str) -> dict[int | str, int]:
     """
     from workbench.big_modeling.devices import normalize_device
     from workbench.big_modeling.errors import BadInputError
-    from workbench.models.hardware import parse_bytes
+    from workbench.big_modeling.sizes import convert_file_size_to_int
 
     sizes: dict[int | str, int] = {}
     for item in items:
@@ -75,7 +75,7 @@ def parse_device_sizes(items: list[str], option: str) -> dict[int | str, int]:
             )
         try:
             device = normalize_device(device_text)
-            nbytes = parse_bytes(size_text)
+            nbytes = convert_file_size_to_int(size_text)
         except BadInputError as exc:
             raise BadInputError(f"{option} item {item!r}: {exc}") from None
         if device in sizes:

@@ -38,8 +38,8 @@ from typing import Any
 
 from workbench.big_modeling.devices import device_sort_key, normalize_device
 from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.sizes import convert_file_size_to_int
 from workbench.models.errors import ProfileError
-from workbench.models.units import parse_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -309,8 +309,8 @@ def profile_from_dict(data: Any, *, source: Path | None = None) -> HardwareProfi
                 DeviceSpec(
                     device=device,
                     name=str(raw.get("name", device)),
-                    memory_bytes=parse_bytes(raw["memory"]),
-                    free_bytes=None if free is None else parse_bytes(free),
+                    memory_bytes=convert_file_size_to_int(raw["memory"]),
+                    free_bytes=None if free is None else convert_file_size_to_int(free),
                     compute_tflops=float(raw.get("compute_tflops", 0.0)),
                     memory_bandwidth_gbps=float(raw.get("memory_bandwidth_gbps", 0.0)),
                 )
