@@ -56,7 +56,7 @@ def _baseline_open(app: Any, tree: Any) -> float:
     from PySide6.QtGui import QStandardItem, QStandardItemModel
     from PySide6.QtWidgets import QTreeView
 
-    from workbench.gui.formatting import format_bytes, format_params
+    from workbench.gui.formatting import format_nbytes, format_param_count
 
     start_s = time.perf_counter()
     model = QStandardItemModel()
@@ -67,8 +67,8 @@ def _baseline_open(app: Any, tree: Any) -> float:
             row = [
                 QStandardItem(child.short_name),
                 QStandardItem(child.class_name),
-                QStandardItem(format_params(child.param_count)),
-                QStandardItem(format_bytes(child.nbytes)),
+                QStandardItem(format_param_count(child.param_count)),
+                QStandardItem(format_nbytes(child.nbytes)),
                 QStandardItem("cpu"),
                 QStandardItem("no-split" if child.no_split else ""),
             ]

@@ -14,6 +14,7 @@ from workbench.big_modeling.sizes import (
     dtype_byte_size,
     find_tied_parameters,
     format_nbytes,
+    format_param_count,
     get_max_layer_size,
     get_max_memory,
 )
@@ -162,4 +163,9 @@ def test_get_max_memory_detects_free_ram() -> None:
 def test_format_nbytes() -> None:
     assert format_nbytes(512) == "512 B"
     assert format_nbytes(1.6 * 2**30) == "1.6 GiB"
-    assert format_nbytes(3 * 2**40) == "3.0 TiB"
+    assert format_nbytes(3 * 2**40) == "3 TiB"
+    assert format_nbytes(-1536) == "-1.5 KiB"
+    assert format_nbytes(123.4 * 2**20) == "123 MiB"
+    assert format_nbytes(5 * 2**50) == "5 PiB"
+    assert format_param_count(70_553_706_496) == "70.6B"
+    assert format_param_count(1_234) == "1.23K" and format_param_count(12) == "12"

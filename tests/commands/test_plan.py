@@ -72,12 +72,12 @@ def test_override_profile_budget_and_emit_code(cli) -> None:
         "--emit-code",
     )
     assert code == 0, err
-    assert "cuda:0" in out and "/ 8.0 GiB" in out and "reserve 1.0 GiB" in out
+    assert "cuda:0" in out and "/ 8 GiB" in out and "reserve 1 GiB" in out
     code_text = out[out.index("import torch") :]
     compile(code_text, "<emitted>", "exec")  # valid Python
     assert "LlamaForCausalLM.from_pretrained(" in code_text
     assert "'meta-llama/Llama-3.1-8B'" in code_text
-    assert "max_memory={0: '8GiB', 'cpu': '64GiB'," in code_text
+    assert "max_memory={0: '8GiB', 'cpu': '64GiB', 'disk': '2TB'}" in code_text
     assert "dtype=torch.bfloat16" in code_text and "'model.layers.0': 0," in code_text
 
 

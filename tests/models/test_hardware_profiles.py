@@ -71,7 +71,10 @@ def test_user_profiles_add_and_override(tmp_path: Path, monkeypatch) -> None:
             {"devices": [{"device": "gpu0", "memory": "1GB"}]},
             r"devices\[0\]: 'gpu0' is not a device",
         ),
-        ({"devices": [{"device": "cpu", "memory": "lots"}]}, r"devices\[0\]: 'lots' is not a memory size"),
+        (
+            {"devices": [{"device": "cpu", "memory": "lots"}]},
+            r"devices\[0\]: 'lots' is not a memory size",
+        ),
         (
             {"devices": [{"device": 0, "memory": 1}, {"device": "cuda:0", "memory": 2}]},
             "lists devices twice: 0",

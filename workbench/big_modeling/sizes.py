@@ -29,6 +29,7 @@ __all__ = [
     "dtype_byte_size",
     "find_tied_parameters",
     "format_nbytes",
+    "format_param_count",
     "get_max_layer_size",
     "get_max_memory",
 ]
@@ -49,6 +50,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _SIZE_TEXT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
@@ -188,18 +190,37 @@ def find_tied_parameters(model: nn.Module) -> list[list[str]]:
 
 
 def format_nbytes(nbytes: int | float) -> str:
-    """Bytes in binary units with the unit always shown: ``"1.6 GiB"``, ``"512 B"``.
+    """Bytes in binary units, three significant digits, unit always shown.
+
+    The one byte formatter of the project: engine messages, CLI and GUI all use it.
 
     Example:
-        >>> format_nbytes(1717986918), format_nbytes(512)
-        ('1.6 GiB', '512 B')
+        >>> format_nbytes(1717986918), format_nbytes(512), format_nbytes(-3 * 2**40)
+        ('1.6 GiB', '512 B', '-3 TiB')
     """
     value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in _BYTE_UNITS:
+        if value < 1024 or unit == _BYTE_UNITS[-1]:
+            break
         value /= 1024
-    return f"{value:.1f} TiB"
+    if unit == "B":
+        return f"{sign}{int(value)} B"
+    return f"{sign}{value:.3g} {unit}" if value < 100 else f"{sign}{value:.0f} {unit}"
+
+
+def format_param_count(count: int) -> str:
+    """A parameter count in T/B/M/K, three significant digits: ``"70.6B"``, ``"12.3M"``, ``"512"``.
+
+    Example:
+        >>> format_param_count(70_553_706_496), format_param_count(512)
+        ('70.6B', '512')
+    """
+    for threshold, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= threshold:
+            return f"{count / threshold:.3g}{suffix}"
+    return str(int(count))
 
 
 def get_max_memory(

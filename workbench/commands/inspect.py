@@ -189,11 +189,10 @@ def format_nbytes(nbytes: int | float) -> str:
 
 
 def format_count(count: int) -> str:
-    """Parameters in B/M/K: ``70.6B``, ``1.6M``, ``512``."""
-    for unit, factor in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if count >= factor:
-            return f"{count / factor:.3g}{unit}"
-    return str(count)
+    """Parameters in T/B/M/K: ``70.6B``, ``1.6M``, ``512`` (the engine's formatter)."""
+    from workbench.big_modeling.sizes import format_param_count
+
+    return format_param_count(count)
 
 
 def _list_sources(args: argparse.Namespace) -> int:

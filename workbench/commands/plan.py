@@ -254,9 +254,11 @@ def compress_names(names: list[str], limit: int = 6) -> str:
 
 
 def _format_budget(nbytes: int) -> str:
-    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
-        if nbytes >= factor and nbytes % (factor // 1024) == 0:
-            return f"{nbytes / factor:g}{unit}"
+    """An exact size string transformers parses back to the same bytes: ``"24GiB"``, ``"2TB"``."""
+    units = (("TiB", 2**40), ("TB", 10**12), ("GiB", 2**30), ("GB", 10**9), ("MiB", 2**20))
+    for unit, factor in units:
+        if nbytes >= factor and nbytes % factor == 0:
+            return f"{nbytes // factor}{unit}"
     return str(nbytes)
 
 

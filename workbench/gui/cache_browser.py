@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.gui.formatting import format_bytes
+from workbench.gui.formatting import format_nbytes
 
 
 class CacheBrowser(QDialog):
@@ -57,7 +57,7 @@ class CacheBrowser(QDialog):
         for model in usable:
             weights = "weights" if model.has_weights else "config only"
             item = QListWidgetItem(
-                f"{model.repo_id}  ({format_bytes(model.size_on_disk)}, {weights})"
+                f"{model.repo_id}  ({format_nbytes(model.size_on_disk)}, {weights})"
             )
             item.setData(Qt.ItemDataRole.UserRole, model.repo_id)
             self.list_widget.addItem(item)

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.big_modeling.errors import BadInputError
 from workbench.gui.commands import SetDeviceMapCommand
-from workbench.gui.formatting import format_bytes, format_rate, format_seconds
+from workbench.gui.formatting import format_nbytes, format_rate, format_seconds
 from workbench.gui.map_edit import MIXED, MapIndex
 
 if TYPE_CHECKING:
@@ -122,10 +122,10 @@ class DiffDialog(QDialog):
         totals.setVerticalHeaderLabels([device_label(d) for d in devices])
         for row, device in enumerate(devices):
             totals.setItem(
-                row, 0, QTableWidgetItem(format_bytes(self.diff.bytes_before.get(device, 0)))
+                row, 0, QTableWidgetItem(format_nbytes(self.diff.bytes_before.get(device, 0)))
             )
             totals.setItem(
-                row, 1, QTableWidgetItem(format_bytes(self.diff.bytes_after.get(device, 0)))
+                row, 1, QTableWidgetItem(format_nbytes(self.diff.bytes_after.get(device, 0)))
             )
         layout.addWidget(totals, 1)
         self.speed_label = QLabel(self._speed_text(window, other, current), self)

@@ -4,29 +4,9 @@ from __future__ import annotations
 
 import math
 
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+from workbench.big_modeling.sizes import format_nbytes, format_param_count
 
-
-def format_bytes(nbytes: float) -> str:
-    """Return ``nbytes`` in binary units with the unit always shown: ``"1.5 GiB"``."""
-    value = float(nbytes)
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    for unit in _BYTE_UNITS:
-        if value < 1024 or unit == _BYTE_UNITS[-1]:
-            if unit == "B":
-                return f"{sign}{int(value)} B"
-            return f"{sign}{value:.3g} {unit}" if value < 100 else f"{sign}{value:.0f} {unit}"
-        value /= 1024
-    return f"{sign}{value:.0f} PiB"  # pragma: no cover - loop always returns
-
-
-def format_params(count: int) -> str:
-    """Return a parameter count as ``"70.6B"``, ``"1.05B"``, ``"12.3M"``, ``"4.1K"``."""
-    for threshold, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if count >= threshold:
-            return f"{count / threshold:.3g}{suffix}"
-    return str(int(count))
+__all__ = ["format_nbytes", "format_param_count", "format_rate", "format_seconds"]
 
 
 def format_seconds(seconds: float) -> str:

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.gui.colors import device_color, over_budget_color, reserve_color
-from workbench.gui.formatting import format_bytes
+from workbench.gui.formatting import format_nbytes
 from workbench.gui.map_edit import MapIndex, MoveRefused, compact_names, move_modules
 from workbench.gui.tree_model import names_from_mime
 from workbench.models.tree import ModuleTree
@@ -109,13 +109,13 @@ class CapacityBar(QWidget):
 
 
 def _bar_tooltip(state: LaneState) -> str:
-    lines = [f"{format_bytes(state.used_bytes)} placed on {device_label(state.device)}"]
+    lines = [f"{format_nbytes(state.used_bytes)} placed on {device_label(state.device)}"]
     if state.reserve_bytes:
-        lines.append(f"{format_bytes(state.reserve_bytes)} reserved for activations / KV cache")
+        lines.append(f"{format_nbytes(state.reserve_bytes)} reserved for activations / KV cache")
     if state.budget_bytes:
-        lines.append(f"budget {format_bytes(state.budget_bytes)}")
+        lines.append(f"budget {format_nbytes(state.budget_bytes)}")
     if state.excess_bytes:
-        lines.append(f"over budget by {format_bytes(state.excess_bytes)}")
+        lines.append(f"over budget by {format_nbytes(state.excess_bytes)}")
     if not state.in_profile:
         lines.append("this device is not in the hardware profile")
     return "\n".join(lines)
@@ -155,14 +155,14 @@ class DeviceLaneWidget(QFrame):
         self.state = state
         chip = device_color(state.device).name()
         self.title_label.setText(f"<span style='color:{chip}'>■</span> <b>{state.title}</b>")
-        figures = format_bytes(state.used_bytes)
+        figures = format_nbytes(state.used_bytes)
         if state.reserve_bytes:
-            figures += f" + {format_bytes(state.reserve_bytes)} reserve"
+            figures += f" + {format_nbytes(state.reserve_bytes)} reserve"
         if state.budget_bytes:
-            figures += f" / {format_bytes(state.budget_bytes)}"
+            figures += f" / {format_nbytes(state.budget_bytes)}"
         if state.excess_bytes:
             red = over_budget_color().name()
-            figures = f"<span style='color:{red}'><b>{figures} — over by {format_bytes(state.excess_bytes)}</b></span>"
+            figures = f"<span style='color:{red}'><b>{figures} — over by {format_nbytes(state.excess_bytes)}</b></span>"
         elif not state.in_profile:
             figures += " — not in profile"
         self.figures_label.setText(figures)
@@ -329,7 +329,7 @@ class LanesWidget(QWidget):
         for state in states:
             if state.excess_bytes:
                 problems.append(
-                    f"{device_label(state.device)} over budget by {format_bytes(state.excess_bytes)}"
+                    f"{device_label(state.device)} over budget by {format_nbytes(state.excess_bytes)}"
                 )
             elif not state.in_profile:
                 problems.append(f"{device_label(state.device)} is not in the hardware profile")

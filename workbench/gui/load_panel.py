@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.gui.bridge import WorkerBridge
-from workbench.gui.formatting import format_bytes
+from workbench.gui.formatting import format_nbytes
 from workbench.runtime.protocol import Failed, LoadSummary, Phase, Progress, Result, WorkerExited
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class LoadProgressWidget(QWidget):
         self.bar.setFormat(f"{fraction:.0%}")
         parts = [
             phase or event.phase,
-            f"{format_bytes(event.bytes_done)} / {format_bytes(event.bytes_total)}",
+            f"{format_nbytes(event.bytes_done)} / {format_nbytes(event.bytes_total)}",
         ]
         eta = format_eta(event.eta_s)
         if eta:

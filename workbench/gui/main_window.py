@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 from workbench.big_modeling.devices import device_label, normalize_device
 from workbench.gui import settings as app_settings
 from workbench.gui.commands import push_move
-from workbench.gui.formatting import format_bytes, format_params
+from workbench.gui.formatting import format_nbytes, format_param_count
 from workbench.gui.hardware_selector import BudgetEditor, HardwareSelector
 from workbench.gui.lanes import LanesWidget
 from workbench.gui.log_view import LogView
@@ -308,8 +308,8 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
             dtype = str(tree.planning_dtype or "as stored").replace("torch.", "")
             name = _model_name(session.source)
             self.model_status.setText(
-                f"{name} · {format_params(tree.root.param_count)} params · "
-                f"{format_bytes(tree.root.nbytes)} {dtype}"
+                f"{name} · {format_param_count(tree.root.param_count)} params · "
+                f"{format_nbytes(tree.root.nbytes)} {dtype}"
             )
         valid = self.lanes.is_valid
         self.validity_status.setText("map valid" if valid else "map INVALID")

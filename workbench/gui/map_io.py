@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 from workbench.big_modeling.devices import device_label
 from workbench.big_modeling.errors import BadInputError
 from workbench.gui.commands import SetDeviceMapCommand
-from workbench.gui.formatting import format_bytes
+from workbench.gui.formatting import format_nbytes
 from workbench.gui.map_edit import MapIndex, compact_names
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class ImportDialog(QDialog):
                 f"<b>{path}</b>: {len(device_map)} entries, valid for this model. Apply it?"
             )
             details.setPlainText(
-                "\n".join(f"{device_label(d)}: {format_bytes(n)}" for d, n in totals.items())
+                "\n".join(f"{device_label(d)}: {format_nbytes(n)}" for d, n in totals.items())
             )
         self.message = summary.text() + "\n" + details.toPlainText()
         self.buttons = QDialogButtonBox(

@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
 from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.gui.colors import device_color
 from workbench.gui.commands import push_plan
-from workbench.gui.formatting import format_bytes, format_rate, format_seconds
+from workbench.gui.formatting import format_nbytes, format_rate, format_seconds
 from workbench.gui.hardware_selector import BudgetEditor
 from workbench.gui.workers import TaskThread
 
@@ -280,10 +280,10 @@ class PlannerPanel(QWidget):
         for column, candidate in enumerate(candidates):
             for row, device in enumerate(devices):
                 nbytes = candidate.plan.per_device_bytes.get(device, 0) if candidate.plan else 0
-                item = QTableWidgetItem(format_bytes(nbytes) if candidate.plan else "")
+                item = QTableWidgetItem(format_nbytes(nbytes) if candidate.plan else "")
                 item.setForeground(device_color(device))
                 if budgets.get(device):
-                    item.setToolTip(f"{format_bytes(nbytes)} of {format_bytes(budgets[device])}")
+                    item.setToolTip(f"{format_nbytes(nbytes)} of {format_nbytes(budgets[device])}")
                 self.table.setItem(row, column, item)
             prediction = candidate.prediction
             speed = format_rate(prediction.tokens_per_s) if prediction else "—"
@@ -334,7 +334,7 @@ class PlannerPanel(QWidget):
                 [
                     placement.module or "(model)",
                     device,
-                    format_bytes(placement.nbytes),
+                    format_nbytes(placement.nbytes),
                     placement.reason,
                 ]
             )

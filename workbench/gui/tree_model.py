@@ -27,7 +27,7 @@ from PySide6.QtCore import (
 
 from workbench.big_modeling.devices import device_label
 from workbench.gui.colors import device_color, mixed_color
-from workbench.gui.formatting import format_bytes, format_params
+from workbench.gui.formatting import format_nbytes, format_param_count
 from workbench.gui.map_edit import MIXED, MapIndex
 from workbench.models.tree import ModuleNode, ModuleTree
 
@@ -217,9 +217,9 @@ class ModuleTreeModel(QAbstractItemModel):
         if column == CLASS_COLUMN:
             return node.class_name
         if column == PARAMS_COLUMN:
-            return format_params(node.param_count)
+            return format_param_count(node.param_count)
         if column == SIZE_COLUMN:
-            return format_bytes(node.nbytes)
+            return format_nbytes(node.nbytes)
         if column == DEVICE_COLUMN:
             device = self._device(node)
             if device is None:
@@ -251,7 +251,7 @@ class ModuleTreeModel(QAbstractItemModel):
         lines = [
             f"<b>{node.name or '(whole model)'}</b> — {node.class_name}",
             f"{node.param_count:,} parameters",
-            f"{format_bytes(node.nbytes)} planned, {format_bytes(node.stored_nbytes)} stored",
+            f"{format_nbytes(node.nbytes)} planned, {format_nbytes(node.stored_nbytes)} stored",
         ]
         device = self._device(node)
         if device == MIXED:
