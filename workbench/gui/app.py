@@ -65,4 +65,8 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
         window.open_source(open_source)
     elif pending is not None:
         window.offer_restore(pending)
+    if not demo and not open_source:
+        from workbench.models.warmup import start_warm_up
+
+        start_warm_up()  # transformers imports while the user picks a model
     return app.exec()

@@ -30,6 +30,7 @@ from workbench.big_modeling.atomic import atomic_write_text
 from workbench.models.dtypes import parse_dtype
 from workbench.models.errors import ModelSourceError
 from workbench.models.tokenizer import save_demo_tokenizer
+from workbench.models.warmup import wait_for_warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ def demo_config(
     arch: str, target_params: int, token_ids: dict[str, int], dtype: torch.dtype
 ) -> Any:
     """Return the transformers config of a demo model."""
+    wait_for_warm_up()  # never import transformers alongside a warm-up thread
     from transformers import BertConfig, GPT2Config, LlamaConfig
 
     vocab = token_ids["vocab_size"]

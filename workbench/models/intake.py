@@ -32,6 +32,7 @@ from workbench.models.dtypes import parse_dtype
 from workbench.models.errors import ModelSourceError
 from workbench.models.hf_cache import HF_CACHE_PREFIX, resolve_cached_model
 from workbench.models.tree import ModuleTree, build_module_tree
+from workbench.models.warmup import wait_for_warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,7 @@ def open_model(
     planning = parse_dtype(dtype)
     config_path, folder = resolve_source(source)
     data = read_config(config_path)
+    wait_for_warm_up()  # never import transformers alongside a warm-up thread
     config = build_config(data, config_path)
     declared = declared_dtype(config)
     start = time.perf_counter()
