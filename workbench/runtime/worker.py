@@ -104,6 +104,7 @@ class WorkerHost:
         self._requests: Connection | None = None
         self._reader: threading.Thread | None = None
         self._pending: OrderedDict[int, str] = OrderedDict()  # request_id -> kind, in order
+        self._idle = threading.Condition(self._lock)  # notified when _pending empties
         self._model_loaded = False
         self._state = "stopped"
         self._next_id = 0
@@ -292,13 +293,8 @@ class WorkerHost:
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
         """Block until no job is pending (tests, CLI). Return False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                if not self._pending:
-                    return True
-            time.sleep(0.01)
-        return False
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._pending, timeout_s)
 
     def __enter__(self) -> WorkerHost:
         return self
@@ -401,6 +397,7 @@ class WorkerHost:
                 kind = self._pending.pop(event.request_id)
                 if not self._pending:
                     self._cancel_deadline = None
+                    self._idle.notify_all()
                 if kind == "load":
                     self._model_loaded = isinstance(event, Result)
                     if not self._model_loaded:
@@ -427,6 +424,7 @@ class WorkerHost:
             cancelled = self._terminated_for_cancel
             lost = list(self._pending.items())
             self._pending.clear()
+            self._idle.notify_all()
             self._cancel_deadline = None
             self._model_loaded = False
             self._process = None
