@@ -115,6 +115,10 @@ def test_bad_source_then_cancel_mid_load_returns_fast_and_leaves_nothing(
     folder = host.offload_folder
     events.wait_for(_held(load_id))
     assert any(folder.iterdir()), "the hold should come after some disk weights were written"
+    # the progress of the 20 tensors is flushed before the hold, not left behind the throttle
+    progress = [e for e in events.of("Progress") if e.request_id == load_id]
+    assert progress and 0 < progress[-1].bytes_done < progress[-1].bytes_total
+    assert progress[-1].tensor, progress[-1]
     with pytest.raises(WorkerStateError, match="cancel it first"):
         host.load(demo_dir, cpu_disk_map)
     start = time.perf_counter()

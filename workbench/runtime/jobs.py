@@ -79,7 +79,7 @@ class ProgressThrottle:
         self._last_phase = ""
         self._last_tensor = ""
         self._start_s = time.monotonic()
-        self._on_tensor = on_tensor
+        self.on_tensor = on_tensor
         self.tensors_seen = 0
         self.events_sent = 0
         self.last: LoadProgress | None = None
@@ -93,8 +93,8 @@ class ProgressThrottle:
         final = report.bytes_total > 0 and report.bytes_done >= report.bytes_total
         if report.phase != self._last_phase or final or now - self._last_emit_s >= self.interval_s:
             self._send(report, now)
-        if self._on_tensor is not None:
-            self._on_tensor(self.tensors_seen)
+        if self.on_tensor is not None:
+            self.on_tensor(self.tensors_seen)
 
     def flush(self) -> None:
         if self.last is not None:
@@ -256,8 +256,8 @@ def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None])
             "loading needs a model folder with weights, not just a config.json"
         )
     emit(Phase(rid, "loading"))
-    hold = _make_hold(request, token, emit)
-    throttle = ProgressThrottle(emit, rid, on_tensor=hold)
+    throttle = ProgressThrottle(emit, rid)
+    throttle.on_tensor = _make_hold(request, token, emit, before=throttle.flush)
 
     def progress(report: LoadProgress) -> None:
         throttle(report)
@@ -298,9 +298,17 @@ def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None])
 
 
 def _make_hold(
-    request: Load, token: CancelToken, emit: Callable[[Event], None]
+    request: Load,
+    token: CancelToken,
+    emit: Callable[[Event], None],
+    *,
+    before: Callable[[], None] = lambda: None,
 ) -> Callable[[int], None] | None:
-    """Test hook: after ``hold_after_tensors`` tensors, wait for cancel (or forever)."""
+    """Test hook: after ``hold_after_tensors`` tensors, wait for cancel (or forever).
+
+    ``before`` runs just before the wait (the progress throttle's flush, so the GUI shows how
+    far the load got rather than the last report that passed the throttle).
+    """
     after = request.options.get("hold_after_tensors")
     if after is None:
         return None
@@ -311,6 +319,7 @@ def _make_hold(
         if state["held"] or tensors_seen < int(after):
             return
         state["held"] = True
+        before()
         emit(Phase(request.request_id, "held"))
         waiter = threading.Event() if ignore_cancel else _token_event(token)
         if not waiter.wait(HOLD_LIMIT_S):
