@@ -142,7 +142,8 @@ class SubtreeReader:
         buffer_nbytes = self.tensor_total(buffers)
         nbytes = self.tensor_total(params) + buffer_nbytes
         self.largest_block = max(self.largest_block, nbytes)
-        return Stats(nbytes, buffer_nbytes, count, nbytes)
+        stats = self.cache[id(block)] = Stats(nbytes, buffer_nbytes, count, nbytes)
+        return stats
 
     def tensor_total(self, tensors: list[torch.Tensor | None]) -> int:
         """Bytes of ``tensors`` under the planning dtype, empty slots skipped."""
@@ -163,7 +164,8 @@ class SubtreeReader:
     # -- subtrees -----------------------------------------------------------------------------
 
     def read(self, roots: list[nn.Module]) -> list[Stats]:
-        """Stats of each root's subtree; each root's children's stats go to ``cache``."""
+        """Stats of each root's subtree; they and each root's children's stats go to ``cache``
+        (so do those of every block met)."""
         count = len(roots)
         totals = [[0] * count for _ in range(4)]  # nbytes, buffer bytes, modules, largest layer
         inner: list[list[int]] = []  # the same for the roots' children
@@ -192,7 +194,9 @@ class SubtreeReader:
         self.cache.update(
             zip(map(id, children), map(Stats._make, zip(*inner, strict=True)), strict=True)
         )
-        return list(map(Stats._make, zip(*totals, strict=True)))
+        stats = list(map(Stats._make, zip(*totals, strict=True)))
+        self.cache.update(zip(map(id, roots), stats, strict=True))
+        return stats
 
     def _level_stats(
         self, level: list[nn.Module]

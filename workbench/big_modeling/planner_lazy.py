@@ -138,10 +138,10 @@ class LazyModuleIndex(ModuleIndex):
             return False
         children = list(self.modules[position]._modules.values())
         cache = self._reader.cache
-        stats = [cache.get(id(child)) for child in children]
-        if None in stats:
-            stats = self._reader.read(children)
-        self._number_children(position, stats)  # type: ignore[arg-type]
+        missing = [child for child in children if id(child) not in cache]
+        if missing:
+            self._reader.read(missing)
+        self._number_children(position, [cache[id(child)] for child in children])
         return True
 
     # -- what the planner reads ----------------------------------------------------------------
