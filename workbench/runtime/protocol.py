@@ -288,8 +288,9 @@ class StateChanged(Event):
 class WorkerExited(Event):
     """The worker process ended. ``signal`` is set when a signal killed it (9 for SIGKILL).
 
-    ``expected`` is True for a requested shutdown or unload restart, False for a crash, an
-    out-of-memory kill or a terminate after an unanswered cancel.
+    ``expected`` is True for a requested shutdown or unload restart and for a terminate after
+    an unanswered cancel (the user asked for the stop); False for a crash or an out-of-memory
+    kill.
     """
 
     exitcode: int | None

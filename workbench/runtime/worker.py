@@ -45,9 +45,9 @@ from workbench.runtime.protocol import (
     TelemetrySample,
     TransferBatch,
     Verify,
-    WorkerExited,
 )
 from workbench.runtime.telemetry import DEFAULT_SAMPLE_HZ, MemoryHistory, TransferHistory
+from workbench.runtime.worker_exit import exit_events, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class WorkerHost:
                 logger.warning(
                     "worker %s did not exit in %.1f s; terminating", process.pid, timeout_s
                 )
-                _terminate(process)
+                terminate(process)
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout_s)
 
@@ -367,7 +367,7 @@ class WorkerHost:
                     self._terminated_for_cancel = True
                     self._cancel_deadline = None
                     with self._reap_lock:
-                        _terminate(process)
+                        terminate(process)
                 # wake at least every READER_POLL_S so a cancel deadline set meanwhile counts
                 timeout = READER_POLL_S
                 if deadline is not None:
@@ -418,10 +418,10 @@ class WorkerHost:
         with self._reap_lock:
             process.join()
             exitcode = process.exitcode
-        signal_number = -exitcode if exitcode is not None and exitcode < 0 else None
         with self._lock:
             expected = self._expect_exit or self._terminated_for_cancel
             cancelled = self._terminated_for_cancel
+            shutting_down = self._expect_exit
             lost = list(self._pending.items())
             self._pending.clear()
             self._idle.notify_all()
@@ -430,37 +430,14 @@ class WorkerHost:
             self._process = None
             self._requests = None
             self._remove_offload_folder()
-        if signal_number is not None:
-            message = f"worker process {process.pid} was killed by signal {signal_number}"
-        else:
-            message = f"worker process {process.pid} exited with code {exitcode}"
-        for request_id, kind in lost:
-            if cancelled:
-                self._deliver(
-                    Failed(
-                        request_id,
-                        f"{kind} cancelled; the worker did not stop within "
-                        f"{self.cancel_grace_s:.1f} s and was terminated",
-                        kind="cancelled",
-                        job=kind,
-                    )
-                )
-            elif not self._expect_exit:
-                self._deliver(
-                    Failed(request_id, f"{kind} failed: {message}", kind="worker_died", job=kind)
-                )
-        self._deliver(
-            WorkerExited(
-                exitcode=exitcode, signal=signal_number, expected=expected, message=message
-            )
-        )
+        for event in exit_events(
+            process.pid,
+            exitcode,
+            lost,
+            expected=expected,
+            cancelled=cancelled,
+            shutting_down=shutting_down,
+            cancel_grace_s=self.cancel_grace_s,
+        ):
+            self._deliver(event)
         self._update_state()
-
-
-def _terminate(process: Any, grace_s: float = 1.0) -> None:
-    """SIGTERM, then SIGKILL if it lingers; always joined (no zombies)."""
-    process.terminate()
-    process.join(grace_s)
-    if process.is_alive():
-        process.kill()
-        process.join()
