@@ -129,6 +129,8 @@ def test_generation_streams_tokens_and_reports_transfers(
     streamed = [e for e in events if isinstance(e, TokenStreamed)]
     batches = [e for e in events if isinstance(e, TransferBatch)]
     assert [t.token_id for t in streamed] == list(result.token_ids)
+    # the pieces add up to the final text; only a trailing partial character is held back
+    assert "".join(t.text for t in streamed) == result.text.rstrip("\ufffd")
     assert [b.forward_index for b in batches] == [0, 1, 2, 3]  # one batch per forward
     # every forward streams both disk layers in again: bytes per forward are the same
     disk_bytes = [sum(e.nbytes for e in b.events if e.source == "disk") for b in batches]
@@ -220,3 +222,17 @@ def test_encoder_runs_one_forward_and_verifies(
     assert any(t.source == "disk" and t.nbytes > 0 for t in result.per_layer)
     verified = runner.run(Verify(3, prompt="Memory decides what can stay"), CancelToken()).value
     assert verified.passed and verified.exact
+
+
+def test_streaming_holds_back_a_partial_character_until_it_completes() -> None:
+    from workbench.runtime.inference import next_piece
+
+    tokenizer_bytes = "naïve".encode()  # "ï" is two bytes, as a byte-level tokenizer splits it
+    decoded = [tokenizer_bytes[:n].decode(errors="replace") for n in range(1, 7)]
+    streamed, pieces = "", []
+    for text in decoded:
+        piece, streamed = next_piece(text, streamed)
+        pieces.append(piece)
+    assert pieces == ["n", "a", "", "ï", "v", "e"]
+    assert "".join(pieces) == "naïve"
+    assert next_piece("rewritten", "naïve") == ("", "naïve")  # never streams a contradiction

@@ -264,7 +264,7 @@ class InferencePanel(QWidget):
         record.predicted = dict(value.predicted)
         layers = group_layer_timings(value.per_layer, self.units, keep=self.keep_module)
         record.per_layer = [_layer_dict(t) for t in layers]
-        if value.text and not self.output_edit.toPlainText():
+        if value.text != self.output_edit.toPlainText():  # the stream holds back partial bytes
             self.output_edit.setPlainText(value.text)
         predicted_ttft = value.predicted.get("ttft_s")
         predicted_rate = value.predicted.get("tokens_per_s")

@@ -162,7 +162,7 @@ def run_inference(
     generate = loaded.summary.is_causal_lm and request.max_new_tokens > 0
     emit(Phase(rid, "generating" if generate else "forward"))
     new_ids: list[int] = []
-    text = ""
+    text = streamed = ""
     events: tuple[TransferEvent, ...] = ()
     first_token_s = last_token_s = 0.0
     with torch.inference_mode(), _recording(loaded, recorder):
@@ -192,8 +192,8 @@ def run_inference(
                 new_ids.append(token_id)
                 piece = ""
                 if loaded.tokenizer is not None:
-                    decoded = loaded.tokenizer.decode(new_ids, skip_special_tokens=True)
-                    piece, text = decoded[len(text) :], decoded
+                    text = loaded.tokenizer.decode(new_ids, skip_special_tokens=True)
+                    piece, streamed = next_piece(text, streamed)
                 emit(TokenStreamed(rid, step, token_id, piece, now - start_s))
                 if past is None:  # a model without a cache: feed the whole sequence again
                     ids = torch.cat([ids, next_id[:, None].to(ids.device)], dim=-1)
@@ -218,6 +218,23 @@ def run_inference(
         predicted=predict_figures(loaded, request.profile, prompt_tokens),
         token_ids=tuple(new_ids),
     )
+
+
+def next_piece(decoded: str, streamed: str) -> tuple[str, str]:
+    """The text to stream now and the text streamed so far after it.
+
+    A trailing U+FFFD is held back: it is an incomplete UTF-8 sequence (byte-level tokenizers
+    split characters across tokens) that a later token completes. Should the tokenizer rewrite
+    text already streamed, nothing is streamed; the final result carries the full text.
+
+    Example:
+        >>> next_piece("caf\ufffd", "ca"), next_piece("café!", "caf")
+        (('f', 'caf'), ('é!', 'café!'))
+    """
+    ready = decoded.rstrip("\ufffd")
+    if not ready.startswith(streamed):
+        return "", streamed
+    return ready[len(streamed) :], ready
 
 
 def predict_figures(loaded: Any, profile_name: str | None, prompt_tokens: int) -> dict[str, float]:
