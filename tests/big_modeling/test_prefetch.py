@@ -39,7 +39,7 @@ def run(model: nn.Module, x: torch.Tensor, reverse: bool = False) -> torch.Tenso
         return model(x)
 
 
-@pytest.mark.parametrize("disk_reads", ["read", "advise"])
+@pytest.mark.parametrize("disk_reads", ["populate", "read", "advise"])
 def test_disk_prefetch_is_exact_and_learns_the_order(reference, tmp_path: Path, disk_reads) -> None:
     model, x = reference
     expected = run(model, x)

@@ -340,8 +340,9 @@ def disk_offload(
         execution_device: where forwards run; default: the device of the first parameter.
         offload_buffers: offload buffers too.
         preload_module_classes: class names loaded whole at the start of their forward.
-        prefetch: keyword-only extra; read the next module's files while the current one
-            computes (a background page-cache reader on CPU, a side stream on CUDA).
+        prefetch: keyword-only extra; read the next modules' weights while the current one
+            computes (on CPU a background reader maps them and reads their pages in; on CUDA
+            a side stream copies them; see ``prefetch.py``).
 
     Returns:
         The model.
