@@ -34,6 +34,7 @@ _NUMEL = torch.Tensor.numel
 _NOT_NONE = partial(is_not, None)
 _MAX = partial(max, default=0)
 _NOTHING = torch.empty(0, device="meta")
+_CACHED_DEPTH = 2  # a read also answers for the roots' children and grandchildren
 _CHUNK = 512  # modules per pass: their objects, dicts and tensors stay in the CPU cache  # stands in for an empty tensor slot in sums
 
 
@@ -164,39 +165,30 @@ class SubtreeReader:
     # -- subtrees -----------------------------------------------------------------------------
 
     def read(self, roots: list[nn.Module]) -> list[Stats]:
-        """Stats of each root's subtree; they and each root's children's stats go to ``cache``
-        (so do those of every block met)."""
-        count = len(roots)
-        totals = [[0] * count for _ in range(4)]  # nbytes, buffer bytes, modules, largest layer
-        inner: list[list[int]] = []  # the same for the roots' children
-        children: list[nn.Module] = []
-        root_bounds = list(range(count + 1))
-        child_bounds: list[int] | None = None
+        """Stats of each root's subtree. They, and those of the modules down to ``_CACHED_DEPTH``
+        levels below the roots, go to ``cache`` (so do those of every block met)."""
+        # One group per depth: the modules at that depth and where each one's subtree lies in
+        # the current level (bounds); nbytes, buffer bytes, modules, largest layer of each.
+        groups: list[tuple[list[nn.Module], list[int], list[list[int]]]] = []
         level = roots
         while level:
+            if len(groups) <= _CACHED_DEPTH:
+                totals = [[0] * len(level) for _ in range(4)]
+                groups.append((level, list(range(len(level) + 1)), totals))
             node_stats, child_counts, next_level = self._level_stats(level)
             prefixes = [_prefix(values) for values in node_stats[:3]]
-            for group, bounds in ((totals, root_bounds), (inner, child_bounds)):
-                if bounds is None:
-                    continue
-                for values, prefix in zip(group, prefixes, strict=False):
-                    values[:] = map(add, values, _range_sums(prefix, bounds))
-                group[3][:] = map(max, group[3], _range_maxima(node_stats[3], bounds))
             counts = _prefix(child_counts)
-            root_bounds = list(map(counts.__getitem__, root_bounds))
-            if child_bounds is None:
-                children = next_level
-                child_bounds = list(range(len(children) + 1))
-                inner = [[0] * len(children) for _ in range(4)]
-            else:
-                child_bounds = list(map(counts.__getitem__, child_bounds))
+            for position, (modules, bounds, totals) in enumerate(groups):
+                for values, prefix in zip(totals, prefixes, strict=False):
+                    values[:] = map(add, values, _range_sums(prefix, bounds))
+                totals[3][:] = map(max, totals[3], _range_maxima(node_stats[3], bounds))
+                groups[position] = (modules, list(map(counts.__getitem__, bounds)), totals)
             level = next_level
-        self.cache.update(
-            zip(map(id, children), map(Stats._make, zip(*inner, strict=True)), strict=True)
-        )
-        stats = list(map(Stats._make, zip(*totals, strict=True)))
-        self.cache.update(zip(map(id, roots), stats, strict=True))
-        return stats
+        for modules, _, totals in groups:
+            self.cache.update(
+                zip(map(id, modules), map(Stats._make, zip(*totals, strict=True)), strict=True)
+            )
+        return [self.cache[id(root)] for root in roots]
 
     def _level_stats(
         self, level: list[nn.Module]
