@@ -136,7 +136,8 @@ class SubtreeReader:
             except AttributeError:  # None in a module slot
                 raise Refused from None
             params += chain.from_iterable(map(dict.values, param_dicts))
-            buffers += chain.from_iterable(map(dict.values, buffer_dicts))
+            if any(map(len, buffer_dicts)):  # most modules have none: no view per dict then
+                buffers += chain.from_iterable(map(dict.values, buffer_dicts))
             level = list(chain.from_iterable(map(dict.values, child_dicts)))
             if self.module_ids is not None:
                 self.module_ids += map(id, level)  # the block itself is counted with its level
