@@ -27,8 +27,6 @@ from torch import nn
 
 _GET_DICTS = attrgetter("_modules", "_parameters", "_buffers")
 _GET_MODULES = attrgetter("_modules")
-_GET_PARAMETERS = attrgetter("_parameters")
-_GET_BUFFERS = attrgetter("_buffers")
 _GET_DTYPE = attrgetter("dtype")
 _NUMEL = torch.Tensor.numel
 _NOT_NONE = partial(is_not, None)

@@ -14,7 +14,6 @@ numbers modules only where it looks; this eager index is its fallback and the re
 from __future__ import annotations
 
 import gc
-from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -83,9 +82,8 @@ class ModuleIndex:
     ends: list[int] = field(default_factory=list)
     #: bytes of each module's subtree, weights and buffers, under the planning dtype
     sizes: list[int] = field(default_factory=list)
-    #: modules with direct buffers (ascending) and the running total of those buffers' bytes
-    _buffer_owners: list[int] = field(default_factory=list)
-    _buffer_totals: list[int] = field(default_factory=list)
+    #: bytes of the buffers in each module's subtree
+    buffer_sizes: list[int] = field(default_factory=list)
     _class_names: list[str] | None = None
     _leaves: list[int] | None = None
     #: groups of tied parameters as (owner position, attribute name), first occurrence first
@@ -126,7 +124,7 @@ class ModuleIndex:
         # three dicts once, pushes children with C-level zip (no per-child Python frame) and
         # leaves class names, full names and per-tensor entries for later (on demand).
         modules, short_names, parents = self.modules, self.short_names, self.parents
-        sizes, buffer_owners, buffer_totals = self.sizes, self._buffer_owners, self._buffer_totals
+        sizes, buffer_sizes = self.sizes, self.buffer_sizes
         first_owner = self._first_owner
         tied: dict[int, list[tuple[int, str]]] = {}
         itemsizes: dict[torch.dtype, int | float] = {}
@@ -169,19 +167,15 @@ class ModuleIndex:
                     if group is None:
                         group = tied[key] = [(first, self._attr_of(first, tensor))]
                     group.append((me, attr))
+            buffer_nbytes = 0
             if module._buffers:
-                buffer_nbytes = 0
                 for attr, tensor in module._buffers.items():
                     if tensor is not None and id(tensor) not in first_owner:
                         first_owner[id(tensor)] = me
                         buffer_nbytes += self._tensor_nbytes(me, attr, tensor, itemsizes)
-                if buffer_nbytes:
-                    buffer_owners.append(me)
-                    buffer_totals.append(
-                        buffer_nbytes + (buffer_totals[-1] if buffer_totals else 0)
-                    )
                 nbytes += buffer_nbytes
             sizes_append(nbytes)
+            buffer_sizes.append(buffer_nbytes)
             submodules = module._modules
             if submodules:
                 push(zip(reversed(submodules), reversed(submodules.values()), repeat(me)))
@@ -205,14 +199,15 @@ class ModuleIndex:
 
     def _finish(self) -> None:
         # Children follow their parent in preorder, so a reverse sweep sees every module after
-        # its whole subtree: it adds the subtree's bytes to the parent, and the first child met
+        # its whole subtree: it adds the subtree's bytes (and buffer bytes) to the parent, and the first child met
         # (the last child) carries the parent's end.
         count = len(self.modules)
         ends = list(range(1, count + 1))
-        sizes, parents = self.sizes, self.parents
+        sizes, buffer_sizes, parents = self.sizes, self.buffer_sizes, self.parents
         for position in range(count - 1, 0, -1):
             parent = parents[position]
             sizes[parent] += sizes[position]
+            buffer_sizes[parent] += buffer_sizes[position]
             if ends[parent] == parent + 1:
                 ends[parent] = ends[position]
         self.ends = ends
@@ -331,12 +326,7 @@ class ModuleIndex:
 
     def buffer_nbytes(self, position: int) -> int:
         """Bytes of the buffers in module ``position``'s subtree."""
-        owners, totals = self._buffer_owners, self._buffer_totals
-        low = bisect_left(owners, position)
-        high = bisect_left(owners, self.ends[position])
-        if high == low:
-            return 0
-        return totals[high - 1] - (totals[low - 1] if low else 0)
+        return self.buffer_sizes[position]
 
     def depth_of(self, position: int) -> int:
         """Number of ancestors of module ``position``."""

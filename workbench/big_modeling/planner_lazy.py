@@ -65,7 +65,6 @@ class LazyModuleIndex(ModuleIndex):
 
     _reader: SubtreeReader
     _closed_nodes: set[int]
-    _buffer_sizes: list[int]
     _layer_sizes: list[int]
     _no_split: frozenset[str]
     _leaf_stats: tuple[int, int] | None
@@ -101,7 +100,7 @@ class LazyModuleIndex(ModuleIndex):
         index.ends = [0] * count
         index.sizes = [0] * count
         index._class_names = [""] * count
-        index._buffer_sizes = [0] * count
+        index.buffer_sizes = [0] * count
         index._layer_sizes = [0] * count
         index._closed_nodes = set()
         index._number(0, model, "", Stats(nbytes, buffers, count, 0))
@@ -116,7 +115,7 @@ class LazyModuleIndex(ModuleIndex):
         self.sizes[position] = stats.nbytes
         self.ends[position] = position + stats.count
         self._class_names[position] = type(module).__name__  # type: ignore[index]
-        self._buffer_sizes[position] = stats.buffer_nbytes
+        self.buffer_sizes[position] = stats.buffer_nbytes
         self._layer_sizes[position] = stats.layer
         if stats.count > 1:
             self._closed_nodes.add(position)
@@ -155,8 +154,9 @@ class LazyModuleIndex(ModuleIndex):
         return self.sizes[position]
 
     def child_positions(self, position: int) -> list[int]:
-        """Positions of the child modules of module ``position``, in order (opens it)."""
-        self.expand(position)
+        """Positions of the child modules of module ``position``; ``expand`` it first."""
+        if position in self._closed_nodes:
+            raise RuntimeError(f"module {position} is not opened yet; call expand() first")
         return super().child_positions(position)
 
     def tensors_of(self, owner: int) -> list[TensorEntry]:
@@ -169,10 +169,6 @@ class LazyModuleIndex(ModuleIndex):
                     nbytes = int(tensor.numel() * self.itemsize_for(tensor.dtype))
                     entries.append(TensorEntry(owner, kind, attr, nbytes))
         return entries
-
-    def buffer_nbytes(self, position: int) -> int:
-        """Bytes of the buffers in module ``position``'s subtree."""
-        return self._buffer_sizes[position]
 
     def leaf_stats(self) -> tuple[int, int]:
         """``(count, total bytes)`` of the leaf modules holding bytes (root excluded)."""

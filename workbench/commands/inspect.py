@@ -112,12 +112,13 @@ def describe_model(opened: Any, *, depth: int | None) -> dict[str, Any]:
 
 def summary_lines(opened: Any) -> list[str]:
     """The header of ``inspect``: class, counts, sizes, dtypes, no-split and tied weights."""
+    from workbench.big_modeling.sizes import format_nbytes, format_param_count
     from workbench.models.dtypes import dtype_name
 
     root = opened.tree.root
     lines = [
         f"model      {opened.model_class} ({getattr(opened.config, 'model_type', '?')}) from {opened.source}",
-        f"params     {format_count(root.param_count)} in {len(opened.tree)} modules",
+        f"params     {format_param_count(root.param_count)} in {len(opened.tree)} modules",
         f"size       {format_nbytes(root.nbytes)} for planning ({dtype_name(opened.planning_dtype)}), "
         f"{format_nbytes(root.stored_nbytes)} as stored",
         f"dtype      declared {dtype_name(opened.declared_dtype) if opened.declared_dtype else 'none'}",
@@ -146,6 +147,8 @@ def summary_lines(opened: Any) -> list[str]:
 
 def tree_lines(root: Any, *, depth: int) -> list[str]:
     """Indented rows ``name  class  params  size  [no-split] [tied]`` down to ``depth``."""
+    from workbench.big_modeling.sizes import format_nbytes, format_param_count
+
     rows: list[tuple[str, str, str, str, str]] = []
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
@@ -158,7 +161,7 @@ def tree_lines(root: Any, *, depth: int) -> list[str]:
             (
                 label,
                 node.class_name,
-                format_count(node.param_count),
+                format_param_count(node.param_count),
                 format_nbytes(node.nbytes),
                 flags,
             )
@@ -181,21 +184,8 @@ def _format_row(row: tuple[str, ...], widths: list[int]) -> str:
     return text.rstrip()
 
 
-def format_nbytes(nbytes: int | float) -> str:
-    """Bytes in binary units (``1.6 GiB``); the engine's formatter, imported when used."""
-    from workbench.big_modeling.sizes import format_nbytes as engine_format_nbytes
-
-    return engine_format_nbytes(nbytes)
-
-
-def format_count(count: int) -> str:
-    """Parameters in T/B/M/K: ``70.6B``, ``1.6M``, ``512`` (the engine's formatter)."""
-    from workbench.big_modeling.sizes import format_param_count
-
-    return format_param_count(count)
-
-
 def _list_sources(args: argparse.Namespace) -> int:
+    from workbench.big_modeling.sizes import format_nbytes
     from workbench.models.catalog import list_bundled_configs
     from workbench.models.hf_cache import list_cached_models
 

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.commands.inspect import format_count, format_nbytes, stage_progress
+    from workbench.big_modeling.sizes import format_nbytes, format_param_count
+    from workbench.commands.inspect import stage_progress
     from workbench.models.demo import make_demo
     from workbench.models.intake import open_model
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     print(
-        f"wrote {opened.model_class} demo to {folder}: {format_count(root.param_count)} params, "
+        f"wrote {opened.model_class} demo to {folder}: {format_param_count(root.param_count)} params, "
         f"{format_nbytes(root.stored_nbytes)} in {len(opened.checkpoint.files) if opened.checkpoint else 0} "
         f"shard(s), seed {args.seed}"
     )

@@ -201,7 +201,7 @@ def plan_lines(
 ) -> list[str]:
     """Per-device totals: used / budget, the modules placed, reserve."""
     from workbench.big_modeling.devices import device_label, device_sort_key
-    from workbench.commands.inspect import format_nbytes
+    from workbench.big_modeling.sizes import format_nbytes
     from workbench.models.dtypes import dtype_name
 
     total = sum(plan.per_device_bytes.values())

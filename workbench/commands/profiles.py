@@ -48,7 +48,7 @@ def _profile_data(profile: Any) -> dict[str, Any]:
 def profile_lines(profile: Any, *, detailed: bool = False) -> list[str]:
     """A profile as text: a title line and, per device, memory and speeds."""
     from workbench.big_modeling.devices import device_label
-    from workbench.commands.inspect import format_nbytes
+    from workbench.big_modeling.sizes import format_nbytes
 
     lines = [f"{profile.name:<22} {profile.description}"]
     for spec in profile.devices:
