@@ -41,6 +41,7 @@ def test_open_generated_demo_without_freezing(qtbot, main_window, demo_dir, open
     assert not window.errors, window.errors  # a failed open shows its cause, not a timeout
     assert not window.busy_bar.isVisible()
     opened = window.session.opened
+    assert window.statusBar().currentMessage().startswith(f"Opened {opened.label} in ")
     assert opened.checkpoint is not None  # real safetensors shards
     assert window.session.device_map == {"": 0}
     assert window.tree_model.rowCount() == len(opened.tree.root.children)

@@ -217,9 +217,9 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.busy_bar.setVisible(False)
         pending, self._pending_map = self._pending_map, None
         self.set_opened(source, opened, pending)
-        logger.info(
-            "opened %s in %.2f s", source, self.open_thread.elapsed_s if self.open_thread else 0
-        )
+        elapsed_s = self.open_thread.elapsed_s if self.open_thread else 0.0
+        self.statusBar().showMessage(f"Opened {opened.label} in {elapsed_s:.1f} s", 5000)
+        logger.info("opened %s in %.2f s", source, elapsed_s)
 
     def _on_open_failed(self, source: str, exc: BaseException) -> None:
         self.busy_bar.setVisible(False)
