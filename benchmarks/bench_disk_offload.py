@@ -13,8 +13,9 @@ Floors, measured in every round:
 Target: <= 1.2 x max(compute, IO). Accelerate reference: 0.86 s against floors 0.23 / 0.35 s.
 
 Cold is cold: before each cold forward (and the IO floors) every prefetcher drops what it fetched
-ahead for the next forward (``Prefetcher.discard()``: pages that are mapped cannot be dropped
-from the page cache), and the share of the files each cold forward read from storage
+ahead for the next forward (``Prefetcher.discard()``) and our weights maps close the file maps
+they hold open between forwards (pages that are mapped cannot be dropped from the page cache),
+and the share of the files each cold forward read from storage
 (``/proc/self/io``) is printed.
 
 Candidates (built once, then timed round-robin so background load hits all alike):
@@ -103,11 +104,20 @@ def time_io(read: Callable[[], None], files: list[Path], cold: bool) -> float:
 
 
 def discard_prefetches(models: list[nn.Module]) -> None:
-    """Make every model drop what it fetched ahead (memory-mapped pages stay in the cache)."""
+    """Make every model drop what it fetched ahead and close the maps its weights map holds open.
+
+    Pages that are mapped cannot be dropped from the page cache, so a cold run needs both.
+    """
     for model in models:
         prefetcher = getattr(model, "_wb_prefetcher", None)
         if prefetcher is not None:
             prefetcher.discard()
+        for module in model.modules():
+            weights_map = getattr(getattr(module, "_hf_hook", None), "weights_map", None)
+            weights_map = getattr(weights_map, "dataset", weights_map)
+            held = getattr(weights_map, "mapped_files", None)
+            if held is not None:
+                held.clear()
 
 
 def time_forward(model: nn.Module, x, files: list[Path] | None, device) -> tuple[float, int, float]:
