@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import struct
 import subprocess
@@ -158,19 +159,42 @@ def test_empty_bin_file(tmp_path: Path) -> None:
 def test_directory_where_file_expected(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").mkdir()
     (tmp_path / "model.safetensors" / "junk").write_text("x")
-    _load_fails(tmp_path / "model.safetensors", "holds no weights")
+    _load_fails(
+        tmp_path / "model.safetensors",
+        re.escape(
+            f"{tmp_path / 'model.safetensors'}: is a directory, expected a checkpoint file; "
+            "as a folder it holds no weights"
+        ),
+    )
     index = {"weight_map": {"w": "shard.safetensors"}}
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "shard.safetensors").mkdir()
     (tmp_path / "ck" / "model.safetensors.index.json").write_text(json.dumps(index))
-    _load_fails(tmp_path / "ck", r"shard\.safetensors: is a directory|do not exist")
+    _load_fails(
+        tmp_path / "ck",
+        re.escape(
+            f"{tmp_path / 'ck' / 'shard.safetensors'}: is a directory, "
+            "expected a shard file named in model.safetensors.index.json"
+        ),
+    )
 
 
 def test_shard_is_a_directory(tmp_path: Path) -> None:
     (tmp_path / "shard.safetensors").mkdir()
     (tmp_path / "i.index.json").write_text(json.dumps({"weight_map": {"w": "shard.safetensors"}}))
-    with pytest.raises(CheckpointError, match=r"shard\.safetensors"):
+    expected = f"{tmp_path / 'shard.safetensors'}: is a directory, expected a shard file named in i.index.json"
+    with pytest.raises(CheckpointError, match=f"^{re.escape(expected)}$"):
         CheckpointIndex.from_path(tmp_path / "i.index.json")
+
+
+@pytest.mark.parametrize("passed", ["index", "folder"])
+def test_index_json_is_a_directory(tmp_path: Path, passed: str) -> None:
+    (tmp_path / "model.safetensors.index.json").mkdir()
+    expected = (
+        f"{tmp_path / 'model.safetensors.index.json'}: is a directory, expected an index JSON file"
+    )
+    path = tmp_path / "model.safetensors.index.json" if passed == "index" else tmp_path
+    _load_fails(path, f"^{re.escape(expected)}$")
 
 
 def test_missing_path() -> None:
@@ -328,22 +352,35 @@ def test_offload_folder_is_a_file(single_ckpt: Path, tmp_path: Path) -> None:
     assert blocker.read_text() == "mine"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def _unwritable_folder(tmp_path: Path) -> Path:
+    """A folder the OS refuses to let this process create or write, root included."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    # sysfs refuses mkdir to everyone, root too (EPERM, or EROFS where /sys is mounted read-only)
+    sysfs = Path("/sys/kernel")
+    if not sysfs.is_dir():
+        pytest.skip("running as root without /sys/kernel: no folder the OS refuses to root")
+    return sysfs / "workbench-offload-test"
+
+
 def test_offload_folder_not_writable(single_ckpt: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
+    folder = _unwritable_folder(tmp_path)
     try:
         _load_fails(
             single_ckpt,
-            "is not writable",
+            re.escape(f"offload folder {folder} is not writable"),
             OffloadError,
             device_map={"": "disk"},
             offload_folder=folder,
             dtype=torch.float16,
         )
     finally:
-        folder.chmod(0o755)
+        if folder.is_relative_to(tmp_path):
+            folder.chmod(0o755)
+    assert not folder.exists() or not any(folder.iterdir())
 
 
 DISK_FULL_SCRIPT = textwrap.dedent(

@@ -20,6 +20,7 @@ from workbench.big_modeling import (
     OffloadedWeightsLoader,
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
+    load_exec,
     streaming,
 )
 
@@ -197,3 +198,68 @@ def test_cancel_before_start_changes_nothing(sharded_ckpt: Path) -> None:
     with pytest.raises(LoadCancelled):
         load_checkpoint_in_model(model, sharded_ckpt, cancel=token)
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+@pytest.mark.parametrize("where", ["cpu", "disk"])
+def test_large_cast_reports_every_chunk(
+    where: str,
+    sharded_ckpt: Path,
+    reference_model: TinyNet,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # blocks.0.up.weight: 16*8 fp32 = 512 B, read + cast (+ written) in 8 chunks of 64 B
+    monkeypatch.setattr(load_exec, "WORK_CHUNK_NBYTES", 64)
+    reports: list[LoadProgress] = []
+    model = empty_model()
+    load_checkpoint_in_model(
+        model,
+        sharded_ckpt,
+        device_map={"": "cpu", "blocks.0.up": where},
+        offload_folder=tmp_path / "off",
+        dtype=torch.float16,
+        progress=reports.append,
+    )
+    chunks = [r.bytes_done for r in reports if r.tensor_name == "blocks.0.up.weight"]
+    assert len(chunks) >= 8
+    assert chunks == sorted(chunks) and chunks[-1] - chunks[0] == 512 - 64
+    expected = reference_model.blocks[0].up.weight.to(torch.float16)
+    if where == "cpu":
+        assert torch.equal(model.blocks[0].up.weight, expected)
+    else:
+        assert torch.equal(
+            OffloadedWeightsLoader(save_folder=tmp_path / "off")["blocks.0.up.weight"], expected
+        )
+
+
+@pytest.mark.parametrize("where", ["cpu", "disk"])
+def test_cancel_mid_tensor_stops_before_it_finishes(
+    where: str, sharded_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(load_exec, "WORK_CHUNK_NBYTES", 64)  # blocks.0.up.weight: 8 chunks
+    folder = tmp_path / "off"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("user file")
+    token = CancelToken()
+    seen: list[int] = []
+
+    def progress(report: LoadProgress) -> None:
+        if report.tensor_name == "blocks.0.up.weight":
+            seen.append(report.bytes_done)
+            if len(seen) == 3:
+                token.cancel()
+
+    model = empty_model()
+    with pytest.raises(LoadCancelled):
+        load_checkpoint_in_model(
+            model,
+            sharded_ckpt,
+            device_map={"": "disk", "blocks.0.up": where},
+            offload_folder=folder,
+            dtype=torch.float16,
+            progress=progress,
+            cancel=token,
+        )
+    assert len(seen) == 3  # stopped after the third of eight chunks
+    assert model.blocks[0].up.weight.device.type == "meta"
+    assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]  # no partial .tmp or .dat

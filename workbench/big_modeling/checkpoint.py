@@ -127,7 +127,7 @@ class CheckpointIndex:
                 a corrupt file; the message names the file and the problem.
         """
         source = Path(path)
-        if source.is_dir():
+        if source.is_dir() and not source.name.endswith(".index.json"):
             return cls._from_folder(source)
         if not source.exists():
             raise CheckpointError(
@@ -142,15 +142,21 @@ class CheckpointIndex:
         for single in (SAFE_WEIGHTS_NAME, WEIGHTS_NAME):
             if (folder / single).is_file():
                 return cls._from_files(folder, [folder / single])
-        indexes = sorted(p.name for p in folder.glob("*.index.json") if p.is_file())
+        indexes = sorted(p.name for p in folder.glob("*.index.json"))
         if len(indexes) > 1:
             raise CheckpointError(
                 f"{folder}: holds {len(indexes)} index files ({', '.join(indexes)}); pass the one to load as the checkpoint, or delete the others"
             )
         if not indexes:
             found = sorted(p.name for p in folder.iterdir())[:10]
+            named_as_file = folder.suffix in (".safetensors", *PICKLE_SUFFIXES)
+            what = (
+                "is a directory, expected a checkpoint file; as a folder it "
+                if named_as_file
+                else ""
+            )
             raise CheckpointError(
-                f"{folder}: holds no weights: expected {SAFE_WEIGHTS_NAME}, {WEIGHTS_NAME} or one *.index.json with its shards; found {found or 'nothing'}"
+                f"{folder}: {what}holds no weights: expected {SAFE_WEIGHTS_NAME}, {WEIGHTS_NAME} or one *.index.json with its shards; found {found or 'nothing'}"
             )
         return cls._from_index_file(folder, folder / indexes[0])
 
@@ -160,7 +166,7 @@ class CheckpointIndex:
         folder = index_file.parent
         shard_of = {name: folder / shard for name, shard in weight_map.items()}
         shards = sorted(set(shard_of.values()))
-        missing = sorted(str(p.relative_to(folder)) for p in shards if not p.is_file())
+        missing = sorted(str(p.relative_to(folder)) for p in shards if not os.path.lexists(p))
         if missing:
             raise CheckpointError(
                 f"{index_file}: weight_map names {len(missing)} shard(s) that do not exist in {folder}: {', '.join(missing)}. Download the missing shards."
@@ -187,9 +193,12 @@ class CheckpointIndex:
     ) -> CheckpointIndex:
         tensors: dict[str, TensorInfo] = {}
         metadata: dict[Path, dict[str, str]] = {}
+        expected = f"a shard file named in {index_file.name}" if index_file else "a checkpoint file"
         for file in files:
             if file.is_dir():
-                raise CheckpointError(f"{file}: is a directory, expected a checkpoint file")
+                raise CheckpointError(f"{file}: is a directory, expected {expected}")
+            if not file.is_file():
+                raise CheckpointError(f"{file}: is not a regular file, expected {expected}")
             infos, metadata[file] = _index_file(file)
             for info in infos:
                 if info.name in tensors:

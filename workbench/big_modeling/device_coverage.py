@@ -45,15 +45,9 @@ def covering_devices(
         DeviceMapError: keys naming no module or tensor of the model, or tensors no key covers
             (both listed, sorted).
     """
+    check_map_keys(model, device_map)
     names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     names += [name for name, _ in model.named_buffers(remove_duplicate=False)]
-    known = {name for name, _ in model.named_modules(remove_duplicate=False)} | set(names)
-    unknown = [key for key in device_map if key not in known]
-    if unknown:
-        raise DeviceMapError(
-            f"device_map names {len(unknown)} modules the model does not have: {_shown(unknown)}. "
-            "Check the spelling against model.named_modules()."
-        )
     non_persistent = non_persistent_buffer_names(model) if non_persistent_device is not None else ()
     placement: dict[str, int | str] = {}
     uncovered = []
@@ -76,6 +70,30 @@ def covering_devices(
             "Add a covering key or a '' entry."
         )
     return placement
+
+
+def check_map_keys(model: nn.Module, device_map: Mapping[str, object]) -> None:
+    """Refuse keys of ``device_map`` that name no module, parameter or buffer of ``model``.
+
+    Raises:
+        DeviceMapError: the unknown keys, listed sorted.
+
+    Example:
+        >>> import torch
+        >>> check_map_keys(torch.nn.Sequential(torch.nn.Linear(2, 2)), {"1": "cpu"})
+        Traceback (most recent call last):
+        ...
+        workbench.big_modeling.errors.DeviceMapError: device_map names 1 modules the model does not have: 1. Check the spelling against model.named_modules().
+    """
+    known = {name for name, _ in model.named_modules(remove_duplicate=False)}
+    known.update(name for name, _ in model.named_parameters(remove_duplicate=False))
+    known.update(name for name, _ in model.named_buffers(remove_duplicate=False))
+    unknown = [key for key in device_map if key not in known]
+    if unknown:
+        raise DeviceMapError(
+            f"device_map names {len(unknown)} modules the model does not have: {_shown(unknown)}. "
+            "Check the spelling against model.named_modules()."
+        )
 
 
 def non_persistent_buffer_names(model: nn.Module) -> set[str]:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from workbench.big_modeling.checkpoint import CheckpointIndex
+from workbench.big_modeling.device_coverage import check_map_keys
 from workbench.big_modeling.devices import DeviceValue
 from workbench.big_modeling.errors import DeviceMapError
 from workbench.big_modeling.load_exec import LoadExecutor, LoadResult
@@ -27,7 +28,7 @@ from workbench.big_modeling.load_plan import (
     plan_load,
     warn_key_differences,
 )
-from workbench.big_modeling.offload_staging import OffloadStager, prepare_offload_folder
+from workbench.big_modeling.offload_staging import OffloadStager
 from workbench.big_modeling.progress import CancelToken, ProgressCallback
 from workbench.big_modeling.streaming import TensorReader
 
@@ -87,10 +88,12 @@ def load_checkpoint_in_model(
         broadcast_from_rank0: Needs an initialised process group: rank 0 reads the files and
             broadcasts tensor by tensor; other ranks never open them.
         progress: Keyword-only. Called with ``LoadProgress(bytes_done, bytes_total, tensor_name)``
-            after every tensor and every 64 MiB of a larger one.
-        cancel: Keyword-only. Checked before every tensor and between chunks; a cancel raises
+            after every tensor and every chunk of a larger one (64 MiB read, 16 MiB read and
+            cast or written to the offload folder), so well within 100 ms of work.
+        cancel: Keyword-only. Checked before every tensor and after every chunk; a cancel raises
             ``LoadCancelled``. Tensors loaded so far stay loaded, untouched ones stay as they were
-            (``meta`` for an empty model), and no file of this load is left in the offload folder.
+            (``meta`` for an empty model), and no file of this load is left in the offload folder
+            (the folder itself is removed if this load created it). The same holds for any error.
         mmap: Keyword-only. CPU weights that keep their dtype become copy-on-write memory maps
             of their safetensors file: zero copy, pages read on first use and reclaimable by the
             kernel (as ``safetensors``/Accelerate give them). The files must then not be
@@ -103,7 +106,8 @@ def load_checkpoint_in_model(
 
     Raises:
         CheckpointError: a missing, corrupt or mismatched checkpoint (names file, key, problem).
-        DeviceMapError: a malformed map or tensors the map places nowhere.
+        DeviceMapError: a malformed map, keys naming no module of ``model`` (raised before
+            anything is read), or tensors the map places nowhere.
         OffloadError: ``"disk"`` without a writable ``offload_folder``, or a failed write.
         LoadCancelled: ``cancel`` was set.
 
@@ -131,6 +135,8 @@ def load_checkpoint_in_model(
             offload_buffers=offload_buffers,
         )
     normalized = None if device_map is None else normalize_device_map(device_map)
+    if normalized is not None:
+        check_map_keys(model, normalized)  # a misspelt key fails before any file is read
     if broadcast_from_rank0:
         from workbench.big_modeling.distributed import broadcast_index, broadcast_source
 
@@ -148,12 +154,19 @@ def load_checkpoint_in_model(
         offload_buffers=offload_buffers,
         strict=strict,
     )
-    stager = OffloadStager(prepare_offload_folder(offload_folder)) if plan.uses_disk() else None
+    stager = OffloadStager.open(offload_folder) if plan.uses_disk() else None
     warn_key_differences(plan, index.source, model)
-    with source_factory() as source:
-        executor = LoadExecutor(source, stager=stager, progress=progress, cancel=cancel, mmap=mmap)
-        executor.full_state_dict = full_state_dict
-        result = executor.run(plan)
+    try:
+        with source_factory() as source:
+            executor = LoadExecutor(
+                source, stager=stager, progress=progress, cancel=cancel, mmap=mmap
+            )
+            executor.full_state_dict = full_state_dict
+            result = executor.run(plan)
+    except BaseException:
+        if stager is not None:
+            stager.abort()  # also removes the offload folder if this load created it
+        raise
     logger.info(
         "loaded %d tensors (%d B) from %s in %.3f s; %d B written to the offload folder",
         len(plan.steps),

@@ -3,19 +3,26 @@
 Weights that keep their dtype and live in a safetensors file are not copied at all: their index
 entry points into the checkpoint (``safetensors_file`` + ``weight_name``). Only cast weights (or
 weights from ``.bin`` files, or received over the network) are written, as ``<name>.dat`` raw bytes
-in the format of ``workbench.big_modeling.offload``.
+in the format of ``workbench.big_modeling.offload``, chunk by chunk (``StagedTensor.write``).
 
-Data is staged under temporary names; ``commit()`` renames it into place and merges the entries
-into ``index.json`` atomically (the index is written last). ``abort()`` (on an error, a full disk
-or a cancel) removes every staged file, so the folder is exactly as it was.
+Data is staged under temporary names. ``commit()`` sets aside the previous load's files of the
+same names (hard links, no data copied), renames the new files into place and merges the entries
+into ``index.json`` atomically, last. If any of that fails, the set-aside files are put back, so
+the previous index still names files holding the previous bytes; they are dropped only once the
+new index is in place. ``abort()`` (on an error, a full disk or a cancel) removes every staged
+file, and the offload folder itself when this load created it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -23,6 +30,8 @@ import torch
 from workbench.big_modeling.checkpoint import TensorInfo
 from workbench.big_modeling.errors import OffloadError
 from workbench.big_modeling.offload import dtype_name, raw_weight_path, save_offload_index
+
+logger = logging.getLogger(__name__)
 
 
 def prepare_offload_folder(folder: str | os.PathLike[str] | None) -> Path:
@@ -51,14 +60,93 @@ def prepare_offload_folder(folder: str | os.PathLike[str] | None) -> Path:
     return path
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder ``mkdir(parents=True)`` would create for ``path`` (None: it exists)."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            break
+        missing = candidate
+    return missing
+
+
+class StagedTensor:
+    """The staged ``.dat`` files of one tensor (one per tied name), filled chunk by chunk."""
+
+    def __init__(self, stager: OffloadStager, names: Sequence[str], dtype: torch.dtype) -> None:
+        self.stager, self.names, self.dtype = stager, list(names), dtype
+        self.nbytes = 0
+        self._fds: list[int] = []
+        try:
+            for name in self.names:
+                final = raw_weight_path(stager.folder, name)
+                tmp = stager.folder / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                stager._staged.append((tmp, final))
+                self._fds.append(fd)
+        except OSError as exc:
+            raise self._failed(exc) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def write(self, chunk: torch.Tensor) -> None:
+        """Append the bytes of the CPU tensor ``chunk`` (of ``dtype``) to every name's file.
+
+        Raises:
+            OffloadError: the write failed (disk full, I/O error); ``abort()`` removes the files.
+        """
+        flat = chunk.detach().contiguous().reshape(-1)
+        if not flat.numel():
+            return
+        view = memoryview(flat.view(torch.uint8).numpy())
+        try:
+            for fd in self._fds:
+                done = 0
+                while done < len(view):
+                    done += os.write(fd, view[done:])
+        except OSError as exc:
+            raise self._failed(exc) from None
+        self.nbytes += len(view)
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.pop())
+
+    def __enter__(self) -> StagedTensor:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+        if kind is None:
+            self.stager.nbytes_written += self.nbytes * len(self.names)
+
+    def _failed(self, exc: OSError) -> OffloadError:
+        self.close()
+        return OffloadError(
+            exc.errno or errno.EIO,
+            f"cannot write tensor {self.names[0]!r} to offload folder {self.stager.folder}: "
+            f"{exc.strerror or exc}; free disk space or choose another offload folder",
+        )
+
+
 class OffloadStager:
     """Collects a load's offload entries and staged data files until ``commit()``."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, created: Path | None = None) -> None:
         self.folder = folder
+        self.created = created  # the outermost folder this load created (removed by abort)
         self.entries: dict[str, dict[str, Any]] = {}
         self._staged: list[tuple[Path, Path]] = []
         self.nbytes_written = 0
+
+    @classmethod
+    def open(cls, folder: str | os.PathLike[str] | None) -> OffloadStager:
+        """``prepare_offload_folder(folder)`` and a stager remembering what it had to create."""
+        created = None if folder is None else _first_missing(Path(folder))
+        return cls(prepare_offload_folder(folder), created=created)
 
     def point_into(self, name: str, info: TensorInfo) -> None:
         """Record ``name`` as a zero-copy pointer into ``info``'s safetensors file."""
@@ -69,63 +157,100 @@ class OffloadStager:
             "weight_name": info.name,
         }
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Stage ``tensor``'s bytes (CPU, contiguous) as ``<name>.dat``.
+    def stage(self, names: Sequence[str], dtype: torch.dtype, shape: Sequence[int]) -> StagedTensor:
+        """Open staged ``<name>.dat`` files for one tensor; write it in chunks, then close.
 
-        Raises:
-            OffloadError: the write failed (disk full, I/O error); the staged file is removed.
+        Example:
+            >>> with stager.stage(["w"], torch.float16, (2, 2)) as out:  # doctest: +SKIP
+            ...     out.write(torch.zeros(4, dtype=torch.float16))
         """
-        final = raw_weight_path(self.folder, name)
-        tmp = self.folder / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
-        data = tensor.detach().contiguous().reshape(-1)
-        raw = data.view(torch.uint8) if data.numel() else torch.empty(0, dtype=torch.uint8)
-        view = memoryview(raw.numpy())
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            self._staged.append((tmp, final))
-            try:
-                done = 0
-                while done < len(view):
-                    done += os.write(fd, view[done:])
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise OffloadError(
-                exc.errno or errno.EIO,
-                f"cannot write tensor {name!r} ({len(view)} B) to offload folder {self.folder}: "
-                f"{exc.strerror or exc}; free disk space or choose another offload folder",
-            ) from None
-        self.nbytes_written += len(view)
-        self.entries[name] = {"dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape)}
+        staged = StagedTensor(self, names, dtype)
+        for name in names:
+            self.entries[name] = {"dtype": dtype_name(dtype), "shape": list(shape)}
+        return staged
 
     def commit(self) -> None:
         """Move staged files into place, then merge the entries into ``index.json`` (atomic).
 
         Raises:
-            OffloadError: renaming or writing the index failed; staged files are removed.
+            OffloadError: renaming or writing the index failed; the folder is as it was.
+            CheckpointError: the existing ``index.json`` is malformed; the folder is as it was.
         """
+        moved: list[tuple[Path, Path | None]] = []  # (final, the old file set aside or None)
         try:
             for tmp, final in self._staged:
-                os.replace(tmp, final)
+                aside = _set_aside(final)
+                try:
+                    os.replace(tmp, final)
+                except BaseException:
+                    if aside is not None:
+                        os.replace(aside, final)
+                    raise
+                moved.append((final, aside))
             save_offload_index(self.entries, self.folder)
-        except OSError as exc:
+        except BaseException as exc:
+            _put_back(moved)
             self.abort()
-            if isinstance(exc, OffloadError):
-                raise
-            raise OffloadError(
-                exc.errno or errno.EIO,
-                f"cannot finish the offload folder {self.folder}: {exc.strerror or exc}; free disk space or choose another folder",
-            ) from None
+            if isinstance(exc, OSError) and not isinstance(exc, OffloadError):
+                raise OffloadError(
+                    exc.errno or errno.EIO,
+                    f"cannot finish the offload folder {self.folder}: {exc.strerror or exc}; "
+                    "the previous index and its files are unchanged. Free disk space or choose another folder",
+                ) from None
+            raise
         self._staged = []
+        self.created = None  # the folder now holds this load's index: never remove it
+        for _final, aside in moved:
+            if aside is not None:
+                try:
+                    aside.unlink()
+                except OSError as exc:
+                    logger.warning(
+                        "cannot remove %s after committing the offload folder: %s", aside, exc
+                    )
 
     def abort(self) -> None:
-        """Remove every file this stager wrote (staged or renamed); the index is untouched."""
-        for tmp, final in self._staged:
-            for path in (tmp, final):
-                try:
-                    if path == final and tmp.exists():
-                        continue  # not renamed yet: the final name may be someone else's file
-                    path.unlink(missing_ok=True)
-                except OSError:
-                    pass
+        """Remove every staged file (and the folder if this load created it); idempotent."""
+        for tmp, _final in self._staged:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
         self._staged = []
+        if self.created is not None:
+            _remove_empty_tree(self.folder, self.created)
+            self.created = None
+
+
+def _set_aside(final: Path) -> Path | None:
+    """Keep the file now at ``final`` under a hidden name; None when there is none."""
+    if not os.path.lexists(final):
+        return None
+    aside = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.old")
+    try:
+        os.link(final, aside, follow_symlinks=False)  # no window in which ``final`` is missing
+    except OSError:
+        os.rename(final, aside)  # a filesystem without hard links
+    return aside
+
+
+def _put_back(moved: list[tuple[Path, Path | None]]) -> None:
+    for final, aside in reversed(moved):
+        try:
+            if aside is not None:
+                os.replace(aside, final)
+            else:
+                final.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.error("cannot restore %s in the offload folder: %s", final, exc)
+
+
+def _remove_empty_tree(folder: Path, top: Path) -> None:
+    """Remove ``folder`` and its parents up to ``top`` while they are empty."""
+    current = folder
+    while True:
+        try:
+            current.rmdir()
+        except OSError:
+            return
+        if current in (top, current.parent):
+            return
+        current = current.parent
