@@ -153,6 +153,22 @@ def open_in_window(qtbot: Any) -> Any:
     return open_source
 
 
+class _TinyOpened:
+    """The parts of ``OpenedModel`` the window uses, over a hand-made module (see below)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def with_dtype(self, dtype: Any) -> _TinyOpened:
+        """A copy whose tree counts floating weights in ``dtype`` (as ``OpenedModel``)."""
+        from workbench.models.dtypes import parse_dtype
+        from workbench.models.tree import build_module_tree
+
+        planning = parse_dtype(dtype)
+        tree = build_module_tree(self.model, dtype=planning, no_split_classes=self.no_split_modules)
+        return _TinyOpened(**{**self.__dict__, "tree": tree, "planning_dtype": planning})
+
+
 @pytest.fixture(scope="session")
 def tiny_opened() -> Any:
     """A real module tree (meta weights) with a no-split block class and a tied pair.
@@ -160,8 +176,6 @@ def tiny_opened() -> Any:
     Sizes (float32): embed 16x8 = 512 B (tied with head), each Block = 2 x (8x8 + 8) x 4 B = 576 B,
     4 blocks = 2304 B, norm 8 x 4 = 32 B; total 512 + 2304 + 32 = 2848 B (head shares embed's).
     """
-    from types import SimpleNamespace
-
     import torch
     from torch import nn
 
@@ -185,7 +199,7 @@ def tiny_opened() -> Any:
     with torch.device("meta"):
         model = TinyLM()
     tree = build_module_tree(model, no_split_classes=["Block"])
-    return SimpleNamespace(
+    return _TinyOpened(
         source="tiny-lm",
         tree=tree,
         model=model,

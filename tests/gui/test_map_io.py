@@ -61,6 +61,11 @@ BAD_FILES = {
     ),
     "overlapping": ('{"": "cpu", "layers": 0}', "overlapping keys give different devices"),
     "not_in_profile": ('{"": 3}', "device(s) cuda:3 not in hardware profile 'test-2x24g'"),
+    "not_utf8": (b'\xff\xfe{\x00"\x00"\x00:\x000\x00}', "not_utf8.json: not UTF-8 text (byte 0xff"),
+    "bad_device_unknown_and_uncovered": (
+        '{"embed": "gpu0", "nosuch": 0, "layers": 0}',
+        "1 entries do not name a device: 'embed': \"gpu0\"",
+    ),
 }
 
 
@@ -71,7 +76,10 @@ def test_bad_map_files_show_their_message_and_change_nothing(tiny_window, tmp_pa
     steps = window.undo_stack.count()
     text, expected = BAD_FILES[case]
     path = tmp_path / f"{case}.json"
-    path.write_text(text)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
     dialog = map_io.import_device_map(window, path)
     if dialog is None:  # unreadable file: an error message, no dialog
         assert len(window.errors) == 1
@@ -84,6 +92,8 @@ def test_bad_map_files_show_their_message_and_change_nothing(tiny_window, tmp_pa
         assert not dialog.applied
         dialog.close()
     assert expected in message
+    if dialog is None:
+        assert str(path) in message  # the error names the file
     assert window.session.device_map == before
     assert window.undo_stack.count() == steps
 
@@ -141,3 +151,79 @@ def test_diff_against_a_map_file_lists_moves_bytes_and_speed(tiny_window, tmp_pa
     assert dialog.diff.bytes_after == {0: 512, 1: 1152, "cpu": 1152, "disk": 32}
     assert "before:" in dialog.speed_label.text()
     dialog.close()
+
+
+def test_the_import_dialog_lists_bad_devices_unknown_names_and_uncovered_modules_together(
+    tiny_window, tmp_path
+) -> None:
+    window = tiny_window
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps({"embed": "gpu0", "nosuch": 0, "layers": 0, "extra": "tpu"}))
+    dialog = map_io.import_device_map(window, path)
+    assert dialog is not None and not window.errors
+    assert len(dialog.problems) == 3, dialog.problems
+    bad, unknown, uncovered = dialog.problems
+    assert bad.startswith("2 entries do not name a device: 'embed': \"gpu0\", 'extra': \"tpu\"")
+    assert unknown.startswith("2 unknown module name(s), not in TinyLM: extra, nosuch")
+    assert "with no device: norm, head" in uncovered and "embed" not in uncovered
+    assert not dialog.buttons.button(dialog.buttons.StandardButton.Ok).isEnabled()
+    dialog.close()
+
+
+def test_a_non_utf8_file_dropped_or_diffed_gives_a_clear_error(tiny_window, tmp_path) -> None:
+    from workbench.gui.diff_dialog import show_diff_against_file
+
+    window = tiny_window
+    path = tmp_path / "latin1.json"
+    path.write_bytes('{"embed": "cpu", "n\u00e4me": 0}'.encode("latin-1"))
+    assert show_diff_against_file(window, str(path)) is None
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    event = QDropEvent(
+        QPointF(10, 10),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    window.dropEvent(event)
+    assert [title for title, _ in window.errors] == [
+        "Cannot read device map",
+        "Cannot import device map",
+    ]
+    for _title, message in window.errors:
+        assert message.startswith(f"{path}: not UTF-8 text (byte 0xe4 at offset 19)")
+    assert window.session.device_map == {"": "cpu"}
+
+
+def test_plan_then_export_then_import_through_the_gui_gives_an_identical_map(
+    qtbot, tiny_window, tmp_path, monkeypatch
+) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    window = tiny_window
+    panel = window.planner_panel
+    panel.budget_editor.set_budgets({0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
+    panel.reserve_by_bytes.setChecked(True)
+    panel.reserve_gib.setValue(0)
+    with qtbot.waitSignal(panel.comparison_ready, timeout=30_000):
+        panel.compare_button.click()
+    qtbot.waitUntil(lambda: not panel.thread.isRunning())
+    panel.apply_buttons["balanced"].click()
+    planned = dict(window.session.device_map)
+    assert planned == panel.candidate("balanced").plan.device_map
+    assert len(set(planned.values())) > 1  # a real spread, not everything on one device
+    path = tmp_path / "planned.json"
+    # the file dialogs are the only stand-ins: they return the path a user would pick
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(path), ""))
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
+    window.actions_by_name["export_map"].trigger()  # File > Export device map
+    assert json.loads(path.read_text()) == planned
+    window.lanes.lane("cpu").dropMimeData(modules_mime_data([""]))  # the user moves on
+    assert window.session.device_map == {"": "cpu"}
+    window.actions_by_name["import_map"].trigger()  # File > Import device map
+    dialog = next(d for d in window.findChildren(map_io.ImportDialog) if d.isVisible())
+    assert window.session.device_map == {"": "cpu"}  # nothing changes before OK
+    dialog.buttons.button(dialog.buttons.StandardButton.Ok).click()
+    assert window.session.device_map == planned
+    assert window.undo_stack.undoText() == "Import map from planned.json"

@@ -9,6 +9,8 @@ from workbench.gui.planner_panel import run_comparison
 
 pytestmark = pytest.mark.gui
 
+GIB = 1024**3
+
 
 def _compare(qtbot, window, budgets: dict) -> list:
     panel = window.planner_panel
@@ -73,3 +75,90 @@ def test_run_comparison_predicts_speed_for_each_plan(tiny_window) -> None:
     assert fitted and all(
         c.prediction is not None and c.prediction.tokens_per_s > 0 for c in fitted
     )
+
+
+def _planner_devices(window) -> list:
+    return list(window.planner_panel.budget_editor.budgets())
+
+
+def test_planner_budgets_follow_hardware_switches_budget_edits_and_undo(tiny_window) -> None:
+    from workbench.models.hardware import load_profile
+
+    window = tiny_window
+    panel = window.planner_panel
+    laptop = load_profile("cpu-laptop-16gb")
+    window.hardware_selector.add_profile(laptop)
+    window.hardware_selector.select_name("test-2x24g")
+    window.hardware_selector.setCurrentIndex(window.hardware_selector.findData(laptop.name))
+    assert [lane.device for lane in window.lanes.lanes] == ["cpu", "disk"]
+    assert panel.budget_editor.budgets() == window.session.budgets == laptop.budgets()
+    assert set(panel.request().budgets) == {"cpu", "disk"}
+    window.budget_editor.spin_boxes["cpu"].setValue(3.0)  # the user edits the session budget
+    assert panel.budget_editor.budgets()["cpu"] == 3 * GIB == window.session.budgets["cpu"]
+    window.undo_stack.undo()
+    assert panel.budget_editor.budgets()["cpu"] == laptop.budgets()["cpu"]
+    window.undo_stack.undo()  # back to the two-GPU profile
+    assert _planner_devices(window) == [0, 1, "cpu", "disk"]
+    assert panel.request().budgets == window.session.budgets
+
+
+def test_a_stale_comparison_never_writes_old_budgets_back(qtbot, tiny_window) -> None:
+    window = tiny_window
+    panel = window.planner_panel
+    budgets = {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9}
+    _compare(qtbot, window, budgets)
+    button = panel.apply_buttons["sequential"]
+    assert button.isEnabled()
+    window.budget_editor.spin_boxes[0].setValue(5.0)  # session budgets change after Compare
+    edited = dict(window.session.budgets)
+    assert edited[0] == 5 * GIB
+    assert not button.isEnabled() and "compare again" in button.toolTip()
+    assert not panel.apply("sequential")
+    assert window.session.budgets == edited  # nothing written back
+    assert "compare again" in window.statusBar().currentMessage()
+    window.undo_stack.undo()  # the session is back where the comparison was made
+    assert button.isEnabled()
+    button.click()
+    assert window.session.budgets == budgets
+    assert window.undo_stack.undoText() == "Apply sequential plan"
+
+
+def test_an_applied_plan_in_another_dtype_carries_it_into_the_session_and_lanes(
+    qtbot, tiny_window
+) -> None:
+    import torch
+
+    window = tiny_window
+    panel = window.planner_panel
+    assert window.session.tree.planning_dtype is None  # the tree counts float32 as stored
+    panel.dtype_combo.setCurrentText("float16")
+    budgets = {0: 700, 1: 700, "cpu": 10_000, "disk": 10**9}  # fits only in float16
+    _compare(qtbot, window, budgets)
+    plan = panel.candidate("sequential").plan
+    panel.apply_buttons["sequential"].click()
+    assert window.session.dtype == "float16"
+    assert window.session.tree.planning_dtype == torch.float16
+    assert window.lanes.is_valid, window.lanes.problems
+    used = {lane.device: lane.state.used_bytes for lane in window.lanes.lanes}
+    assert {d: n for d, n in used.items() if n} == plan.per_device_bytes
+    assert "float16" in window.model_status.text()
+    window.undo_stack.undo()  # one step takes the dtype back too
+    assert window.session.dtype is None and window.session.tree.planning_dtype is None
+    assert window.session.device_map == {"": "cpu"}
+    assert window.tree_model.tree is window.session.tree
+
+
+def test_planner_reasons_leave_the_tooltips_when_the_plan_is_undone(qtbot, tiny_window) -> None:
+    window = tiny_window
+    panel = window.planner_panel
+    _compare(qtbot, window, {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
+    panel.apply_buttons["sequential"].click()
+
+    def tooltip() -> str:
+        return window.tree_model.index_of("layers.0").data(Qt.ItemDataRole.ToolTipRole)
+
+    assert "<i>planner:</i>" in tooltip()
+    window.undo_stack.undo()
+    assert "planner:" not in tooltip()
+    window.undo_stack.redo()
+    assert "<i>planner:</i>" in tooltip()

@@ -96,3 +96,50 @@ def test_restore_bar_reopens_the_model_with_its_map(qtbot, main_window, whatif_c
     assert window.session.budgets == {0: 1000, 1: 2000, "cpu": 3000, "disk": 4000}
     assert window.session.reserve == 7
     assert bar.isHidden()
+
+
+def test_restart_restores_geometry_splitter_profile_budgets_and_recent_models(
+    qtbot, clean_settings, test_profile
+) -> None:
+    from workbench.models.hardware import load_profile
+
+    laptop = load_profile("cpu-laptop-16gb")
+    profiles = [test_profile, laptop]
+    first = MainWindow(profiles=profiles)
+    qtbot.addWidget(first)
+    first.show()
+    assert first.hardware_profile().name == "test-2x24g"  # the default: the first profile
+    first.setGeometry(21, 33, 760, 700)  # not the default size (fits the 800 px test screen)
+    first.main_splitter.setSizes([230, 470])
+    sizes = first.main_splitter.sizes()
+    geometry = first.geometry()
+    first.hardware_selector.setCurrentIndex(1)  # the user picks the laptop in the combo
+    first.budget_editor.spin_boxes["cpu"].setValue(12.0)
+    budgets = dict(first.session.budgets)
+    for source in ("/models/a", "/models/b"):
+        app_settings.add_recent_model(source)
+    first.close()
+
+    again = MainWindow(profiles=profiles)
+    qtbot.addWidget(again)
+    again.show()
+    assert again.geometry() == geometry
+    assert again.main_splitter.sizes() == sizes
+    assert again.hardware_profile().name == "cpu-laptop-16gb"
+    assert again.hardware_selector.currentText() == "cpu-laptop-16gb"
+    assert again.session.budgets == budgets and budgets["cpu"] == 12 * 1024**3
+    assert [lane.device for lane in again.lanes.lanes] == ["cpu", "disk"]
+    assert [a.text() for a in again.recent_menu.actions()] == ["/models/b", "/models/a"]
+    again.close()
+
+
+def test_undoing_a_budget_edit_also_restores_the_saved_budgets(main_window) -> None:
+    window = main_window
+    original = dict(window.session.budgets)
+    window.budget_editor.spin_boxes[0].setValue(1.0)
+    assert app_settings.last_hardware() == ("test-2x24g", {**original, 0: 1024**3})
+    window.undo_stack.undo()
+    assert window.session.budgets == original
+    assert app_settings.last_hardware() == ("test-2x24g", original)
+    window.undo_stack.redo()
+    assert app_settings.last_hardware()[1][0] == 1024**3

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "check_device_map",
     "clean_device_map",
     "load_device_map",
+    "read_device_map",
     "resolve_device_map",
     "save_device_map",
 ]
@@ -258,7 +260,65 @@ def load_device_map(path: str | Path, model: nn.Module | None = None) -> dict[st
         {'model.embed_tokens': 0, 'model.layers': 'cpu', 'lm_head': 'disk'}
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    reading = read_device_map(path)
+    if reading.bad_devices:
+        raise DeviceMapError(f"{path}: {reading.bad_devices_message()}")
+    device_map = reading.device_map
+    if model is not None:
+        try:
+            check_device_map(model, device_map)
+        except DeviceMapError as error:
+            raise DeviceMapError(f"{path}: {error}") from None
+    return device_map
+
+
+@dataclass(frozen=True)
+class DeviceMapReading:
+    """A device-map file as read, with the entries whose value is not a device set apart.
+
+    Attributes:
+        path: the file.
+        device_map: the entries with a valid device, canonical (``"cuda:1"`` -> ``1``).
+        bad_devices: ``{key: value as written}`` for entries that do not name a device.
+    """
+
+    path: Path
+    device_map: dict[str, Device]
+    bad_devices: dict[str, Any] = field(default_factory=dict)
+
+    def bad_devices_message(self) -> str:
+        """Say which entries do not name a device and what a device looks like."""
+        listed = ", ".join(sorted(f"{k!r}: {json.dumps(v)}" for k, v in self.bad_devices.items()))
+        return (
+            f"{len(self.bad_devices)} entries do not name a device: {listed}. "
+            "Use an int GPU index, 'cpu', 'disk', 'mps' or 'cuda:N'."
+        )
+
+
+def read_device_map(path: str | Path) -> DeviceMapReading:
+    """Read a device-map file like ``load_device_map`` but keep going past bad devices.
+
+    Entries whose value is not a device are returned in ``bad_devices`` instead of raising, so
+    a caller (the GUI's import dialog) can list them together with the file's other problems.
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        DeviceMapError: naming the file: not UTF-8 text, invalid JSON (line and column),
+            duplicate keys, a wrong format or version, malformed or contradictory keys.
+
+    Example:
+        >>> read_device_map("map.json").bad_devices  # doctest: +SKIP
+        {'lm_head': 'gpu0'}
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DeviceMapError(
+            f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
+            "a device map is a JSON file of module names to devices"
+        ) from None
     try:
         document = json.loads(text, object_pairs_hook=_reject_duplicates)
     except _DuplicateKeys as error:
@@ -270,13 +330,8 @@ def load_device_map(path: str | Path, model: nn.Module | None = None) -> dict[st
             f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
         ) from None
     raw_map = _unwrap(path, document)
-    device_map = _parse_entries(path, raw_map)
-    if model is not None:
-        try:
-            check_device_map(model, device_map)
-        except DeviceMapError as error:
-            raise DeviceMapError(f"{path}: {error}") from None
-    return device_map
+    device_map, bad_devices = _parse_entries(path, raw_map)
+    return DeviceMapReading(path, device_map, bad_devices)
 
 
 class _DuplicateKeys(Exception):
@@ -318,9 +373,10 @@ def _unwrap(path: Path, document: Any) -> dict[str, Any]:
     return inner
 
 
-def _parse_entries(path: Path, raw_map: dict[str, Any]) -> dict[str, Device]:
+def _parse_entries(path: Path, raw_map: dict[str, Any]) -> tuple[dict[str, Device], dict[str, Any]]:
     device_map: dict[str, Device] = {}
-    bad_devices, bad_keys = [], []
+    bad_devices: dict[str, Any] = {}
+    bad_keys = []
     for key, value in raw_map.items():
         if key and (key != key.strip() or any(not part for part in key.split("."))):
             bad_keys.append(key)
@@ -330,12 +386,7 @@ def _parse_entries(path: Path, raw_map: dict[str, Any]) -> dict[str, Device]:
                 continue
             except DeviceMapError:
                 pass
-        bad_devices.append(f"{key!r}: {json.dumps(value)}")
-    if bad_devices:
-        raise DeviceMapError(
-            f"{path}: {len(bad_devices)} entries do not name a device: "
-            f"{', '.join(sorted(bad_devices))}. Use an int GPU index, 'cpu', 'disk', 'mps' or 'cuda:N'."
-        )
+        bad_devices[key] = value
     if bad_keys:
         raise DeviceMapError(
             f"{path}: malformed module names {_listing(sorted(bad_keys))}; use dotted names "
@@ -356,4 +407,4 @@ def _parse_entries(path: Path, raw_map: dict[str, Any]) -> dict[str, Device]:
             f"{path}: overlapping keys give different devices: {'; '.join(sorted(contradictions))}. "
             "Loaders disagree on which wins; list the parts separately instead of their parent."
         )
-    return device_map
+    return device_map, bad_devices

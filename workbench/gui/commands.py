@@ -107,6 +107,35 @@ class SetProfileCommand(QUndoCommand):
         self._session.set_budgets(dict(self._before[1]), reason=f"Undo {self.text()}")
 
 
+class SetPlanningDtypeCommand(QUndoCommand):
+    """Switch the session to a model re-sized in another planning dtype (and load dtype).
+
+    Args:
+        session: the document.
+        opened: the ``OpenedModel`` whose tree counts bytes in ``dtype``.
+        dtype: the dtype name (``"float16"``) or ``None`` for as stored.
+        parent: a macro parent, if any.
+    """
+
+    def __init__(
+        self, session: Any, opened: Any, dtype: str | None, parent: QUndoCommand | None = None
+    ) -> None:
+        super().__init__(f"Plan in {dtype or 'the stored dtype'}", parent)
+        self._session = session
+        self._before = (session.opened, session.dtype)
+        self._after = (opened, dtype)
+
+    def redo(self) -> None:
+        self._apply(*self._after)
+
+    def undo(self) -> None:
+        self._apply(*self._before)
+
+    def _apply(self, opened: Any, dtype: str | None) -> None:
+        self._session.set_dtype(dtype, reason=self.text())
+        self._session.set_opened(opened)
+
+
 def _reserve_copy(reserve: Any) -> Any:
     return dict(reserve) if isinstance(reserve, Mapping) else reserve
 
@@ -137,10 +166,20 @@ def push_plan(
     strategy: str,
     budgets: Mapping[Any, int] | None = None,
     reserve: Any = None,
+    opened: Any = None,
+    dtype: str | None = None,
 ) -> None:
-    """Apply a planner result (map and the budgets it was planned for) as one macro."""
+    """Apply a planner result (map and the budgets it was planned for) as one macro.
+
+    Args:
+        opened: the model re-sized in the plan's ``dtype`` when it differs from the session's
+            tree; the macro then also switches the session to it, so the lanes count the bytes
+            the plan counted.
+    """
     stack.beginMacro(f"Apply {strategy} plan")
     try:
+        if opened is not None:
+            stack.push(SetPlanningDtypeCommand(session, opened, dtype))
         if budgets is not None:
             stack.push(SetBudgetsCommand(session, budgets, "Set budgets", reserve=reserve))
         stack.push(SetDeviceMapCommand(session, device_map, f"Set map from {strategy} plan"))

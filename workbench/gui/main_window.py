@@ -116,7 +116,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         from workbench.gui.planner_panel import PlannerPanel
 
         self.planner_panel = PlannerPanel(self)
-        self.planner_dock.setWidget(self.planner_panel)
+        self.planner_dock.setWidget(_scrolling(self.planner_panel, self))  # fits small screens
         self.actions_by_name = build_actions(self)  # menus, toolbar (main_toolbar), shortcuts
 
         self._session_signals = _SessionSignals(self)
@@ -202,7 +202,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
             return None
         from workbench.models import open_model
 
-        thread = TaskThread(open_model, source, dtype=self.session.dtype, parent=self)
+        thread = TaskThread(open_model, source, dtype=self.session.dtype)
         thread.setObjectName(f"open {source}")
         thread.succeeded.connect(lambda opened: self._on_open_succeeded(source, opened))
         thread.failed.connect(lambda exc: self._on_open_failed(source, exc))
@@ -224,7 +224,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
     def _on_open_failed(self, source: str, exc: BaseException) -> None:
         self.busy_bar.setVisible(False)
         self.statusBar().showMessage(f"Could not open {source}", 5000)
-        logger.error("could not open %s: %s", source, exc)
+        logger.error("could not open %s: %s", source, str(exc))
         self._show_error("Could not open the model", str(exc))
 
     def set_opened(
@@ -233,6 +233,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         """Show an opened model; the map starts as ``device_map`` or everything on the first
         device of the profile. Clears the undo history (a new document)."""
         self.undo_stack.clear()
+        _unfreeze_gc()  # let the previous model's node cycles be collected
         if self.session.source != str(source):
             self.session.set_source(str(source), reason="open")
         self.session.set_opened(opened)
@@ -282,6 +283,9 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         if change.what in ("device_map", "budgets", "reserve", "profile", "opened", "restored"):
             self.refresh()
             self._speed_timer.start()
+        if change.what in ("budgets", "profile", "restored"):
+            self.planner_panel.sync_from_session()
+            self.remember_hardware()
         if self._autosave_enabled and change.what not in ("dirty",):
             self._autosave_timer.start()
 
@@ -314,7 +318,10 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         valid = self.lanes.is_valid
         self.validity_status.setText("map valid" if valid else "map INVALID")
         self.validity_status.setToolTip("\n".join(self.lanes.problems))
-        self.validity_status.setProperty("invalid", not valid)
+        if self.validity_status.property("invalid") != (not valid):
+            self.validity_status.setProperty("invalid", not valid)
+            self.validity_status.style().unpolish(self.validity_status)  # re-read the style
+            self.validity_status.style().polish(self.validity_status)
         self.devices_status.setText(f"{len(self.lanes.lanes)} devices")
         title = "Model Memory Workbench"
         if tree is not None:
@@ -356,6 +363,8 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
 
 
 HUGE_TREE_MODULES = 20_000
+_gc_frozen = False
+_gc_released = False  # unfrozen objects wait for one full collection before the next freeze
 
 
 def _freeze_gc_for(tree: Any) -> None:
@@ -363,10 +372,31 @@ def _freeze_gc_for(tree: Any) -> None:
 
     A 98k-module meta model is over a million Python objects; every full collection then walks
     them all (seconds), stalling the event loop at random moments. They live as long as the
-    document, so freezing them costs nothing; refcounting still frees them later.
+    document, so freezing them costs nothing; ``_unfreeze_gc`` gives them back to the
+    collector when another model replaces it (its nodes form cycles, so only the GC frees them).
     """
+    global _gc_frozen, _gc_released
     if tree is not None and len(tree) >= HUGE_TREE_MODULES:
+        if _gc_released:  # free the previous model first, or it would be frozen again
+            gc.collect()
+            _gc_released = False
         gc.freeze()
+        _gc_frozen = True
+
+
+def _unfreeze_gc() -> None:
+    global _gc_frozen, _gc_released
+    if _gc_frozen:
+        gc.unfreeze()
+        _gc_frozen, _gc_released = False, True
+
+
+def _scrolling(widget: QWidget, parent: QWidget) -> QScrollArea:
+    scroll = QScrollArea(parent)
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+    scroll.setWidget(widget)
+    return scroll
 
 
 def _single_shot(parent: QObject, interval_ms: int, slot: Any) -> QTimer:

@@ -1,10 +1,11 @@
 """Device-map files in the GUI: import with validation, atomic export, copy as code.
 
 Import never changes anything until the user accepts a valid map: the file is read with the
-engine's ``load_device_map`` (JSON errors, duplicate keys, bad devices), then checked against
-the open model (unknown names, uncovered modules, devices the hardware profile lacks).
-``ImportDialog`` lists every problem; its OK button stays disabled while there are any, and
-accepting pushes one undo command. Export goes through the engine's atomic ``save_device_map``.
+engine's ``read_device_map`` (not UTF-8, JSON errors, duplicate keys: an error box naming the
+file), then checked against the open model. ``ImportDialog`` lists every problem together:
+entries that do not name a device, unknown names, uncovered modules, devices the hardware
+profile lacks; its OK button stays disabled while there are any, and accepting pushes one undo
+command. Export goes through the engine's atomic ``save_device_map``.
 
 Example:
     >>> dialog = import_device_map(window, "map.json")  # doctest: +SKIP
@@ -30,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.big_modeling.device_map import DeviceMapReading, read_device_map
 from workbench.big_modeling.devices import device_label
 from workbench.big_modeling.errors import BadInputError
 from workbench.gui.commands import SetDeviceMapCommand
@@ -45,13 +47,25 @@ GIB = 1024**3
 MIB = 1024**2
 
 
-def map_problems(window: MainWindow, device_map: dict[str, Any]) -> list[str]:
-    """Return every reason ``device_map`` cannot be used for the open model (sorted lists)."""
+def map_problems(
+    window: MainWindow, device_map: dict[str, Any], reading: DeviceMapReading | None = None
+) -> list[str]:
+    """Return every reason ``device_map`` cannot be used for the open model (sorted lists).
+
+    Args:
+        reading: the file ``device_map`` came from; its entries that do not name a device are
+            listed first (and count as covering their modules, so they are not also reported
+            as uncovered).
+    """
     tree = window.session.tree
     if tree is None:
         return ["no model is open: open the model this map belongs to first"]
-    index = MapIndex(tree, device_map)
     problems = []
+    coverage = dict(device_map)
+    if reading is not None and reading.bad_devices:
+        problems.append(reading.bad_devices_message())
+        coverage.update(dict.fromkeys(reading.bad_devices, "cpu"))  # for the checks below
+    index = MapIndex(tree, coverage)
     unknown = index.unknown_names()
     if unknown:
         problems.append(
@@ -71,7 +85,7 @@ def map_problems(window: MainWindow, device_map: dict[str, Any]) -> list[str]:
     profile = window.hardware_profile()
     if profile is not None:
         missing = sorted(
-            {device_label(d) for d in index.device_map.values() if not profile.has_device(d)}
+            {device_label(d) for d in device_map.values() if not profile.has_device(d)}
         )
         if missing:
             have = ", ".join(device_label(s.device) for s in profile.devices)
@@ -104,7 +118,13 @@ class ImportDialog(QDialog):
         device_map: the map read from the file.
     """
 
-    def __init__(self, window: MainWindow, path: Path, device_map: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        window: MainWindow,
+        path: Path,
+        device_map: dict[str, Any],
+        reading: DeviceMapReading | None = None,
+    ) -> None:
         super().__init__(window)
         self.setWindowTitle(f"Import device map — {path.name}")
         self.setModal(False)
@@ -112,7 +132,7 @@ class ImportDialog(QDialog):
         self.window_ = window
         self.path = path
         self.device_map = device_map
-        self.problems = map_problems(window, device_map)
+        self.problems = map_problems(window, device_map, reading)
         self.applied = False
         summary = QLabel(self)
         summary.setWordWrap(True)
@@ -159,7 +179,8 @@ def read_map_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a device-map file (plain or wrapped) with the engine's reader.
 
     Raises:
-        DeviceMapError: malformed JSON, duplicate keys, bad devices, wrong version (named).
+        DeviceMapError: not UTF-8, malformed JSON, duplicate keys, bad devices, wrong version
+            (each naming the file).
         FileNotFoundError: when ``path`` does not exist.
     """
     from workbench.big_modeling.device_map import load_device_map
@@ -175,12 +196,12 @@ def import_device_map(window: MainWindow, path: str | os.PathLike[str]) -> Impor
     """
     target = Path(path)
     try:
-        device_map = read_map_file(target)
+        reading = read_device_map(target)
     except (BadInputError, OSError) as exc:
-        logger.warning("import of %s refused: %s", target, exc)
+        logger.warning("import of %s refused: %s", target, str(exc))
         window._show_error("Cannot import device map", str(exc))
         return None
-    dialog = ImportDialog(window, target, device_map)
+    dialog = ImportDialog(window, target, dict(reading.device_map), reading)
     dialog.show()
     return dialog
 

@@ -3,8 +3,13 @@
 Options are prefilled from the session and the model (budgets, dtype, no-split classes,
 reserve by batch size and sequence length or in bytes). "Compare" plans every checked strategy
 on a worker thread and fills a table with per-device totals and predicted speed per strategy;
-nothing changes until "Apply", which is one undo macro (budgets, reserve and map). The trace
-list explains each placement of the selected strategy in its tooltip.
+nothing changes until "Apply", which is one undo macro (budgets, reserve and map, and the
+planning dtype when it differs from the tree's, so the lanes count bytes as the plan did). The
+trace list explains each placement of the selected strategy in its tooltip.
+
+The budgets follow the session: a hardware switch, a budget edit or an undo updates them. A
+comparison made for other hardware or budgets than the session has now is stale: its Apply
+buttons are disabled until the next comparison, so old budgets are never written back.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class Candidate:
     plan: Any = None  # PlanResult
     prediction: Any = None  # SpeedPrediction
     error: str = ""
+    opened: Any = None  # the model re-sized in the planning dtype, when it differs from the tree's
 
 
 @dataclass(frozen=True)
@@ -72,13 +78,25 @@ class PlanRequest:
     dtype: str | None
     no_split: list[str]
     strategies: tuple[str, ...]
+    opened: Any = None  # the session's OpenedModel (re-sized when ``dtype`` differs)
 
 
 def run_comparison(request: PlanRequest) -> list[Candidate]:
-    """Plan every strategy of ``request`` and predict its speed (runs on a worker thread)."""
+    """Plan every strategy of ``request`` and predict its speed (runs on a worker thread).
+
+    When ``request.dtype`` differs from the tree's planning dtype, the model's tree is rebuilt
+    in that dtype first (``OpenedModel.with_dtype``): the speed prediction then counts the
+    bytes the plan counted, and applying the plan carries the dtype to the session.
+    """
     from workbench.big_modeling.planner import plan_device_map
+    from workbench.models.dtypes import parse_dtype
     from workbench.models.speed import predict_speed
 
+    tree, resized = request.tree, None
+    opened = request.opened
+    if opened is not None and parse_dtype(request.dtype) != opened.planning_dtype:
+        resized = opened.with_dtype(request.dtype)
+        tree = resized.tree
     candidates = []
     for strategy in request.strategies:
         try:
@@ -96,10 +114,10 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
         prediction = None
         if request.profile is not None:
             try:
-                prediction = predict_speed(request.tree, plan.device_map, request.profile)
+                prediction = predict_speed(tree, plan.device_map, request.profile)
             except ValueError as exc:
-                logger.info("no speed prediction for %s: %s", strategy, exc)
-        candidates.append(Candidate(strategy, plan=plan, prediction=prediction))
+                logger.info("no speed prediction for %s: %s", strategy, str(exc))
+        candidates.append(Candidate(strategy, plan=plan, prediction=prediction, opened=resized))
     return candidates
 
 
@@ -115,6 +133,8 @@ class PlannerPanel(QWidget):
         self.candidates: list[Candidate] = []
         self.thread: TaskThread | None = None
         self._request: PlanRequest | None = None
+        self._compared_for: tuple[str | None, dict[Any, int]] | None = None
+        self.apply_buttons: dict[str, QPushButton] = {}
         self.budget_editor = BudgetEditor(self)
         self.dtype_combo = QComboBox(self)
         self.dtype_combo.addItems(DTYPES)
@@ -182,13 +202,32 @@ class PlannerPanel(QWidget):
         dtype = getattr(opened, "planning_dtype", None)
         name = str(dtype).replace("torch.", "") if dtype is not None else "as stored"
         self.dtype_combo.setCurrentText(name if name in DTYPES else "as stored")
-        self.sync_from_session()
         self.candidates = []
+        self._request = self._compared_for = None
+        self.sync_from_session()
         self._fill_table()
 
     def sync_from_session(self) -> None:
-        """Copy the session's budgets into the panel's editor."""
-        self.budget_editor.set_budgets(dict(self.window_.session.budgets))
+        """Copy the session's budgets into the panel's editor (called on every hardware or
+        budget change) and disable the Apply buttons of a comparison that became stale."""
+        session = self.window_.session
+        profile = session.profile
+        titles = {spec.device: spec.name for spec in profile.devices} if profile else {}
+        self.budget_editor.set_budgets(dict(session.budgets), titles)
+        self._update_apply_buttons()
+
+    def stale_reason(self) -> str | None:
+        """Why the compared plans no longer fit the session's hardware, or ``None``."""
+        if self._compared_for is None or self._request is None:
+            return None
+        profile_name, budgets = self._compared_for
+        session = self.window_.session
+        current = getattr(session.profile, "name", None)
+        if current != profile_name:
+            return f"the hardware changed to {current} since the comparison; compare again"
+        if dict(session.budgets) not in (budgets, dict(self._request.budgets)):
+            return "the budgets changed since the comparison; compare again"
+        return None
 
     def reserve_bytes(self) -> int:
         """The reserve for the execution device, from batch x sequence or bytes."""
@@ -209,7 +248,7 @@ class PlannerPanel(QWidget):
                 )
             )
         except (ValueError, TypeError, AttributeError) as exc:
-            logger.warning("cannot estimate the activation reserve: %s", exc)
+            logger.warning("cannot estimate the activation reserve: %s", str(exc))
             return 0
 
     def request(self) -> PlanRequest | None:
@@ -221,6 +260,7 @@ class PlannerPanel(QWidget):
         reserve = self.reserve_bytes()
         device = self.window_.execution_device()
         return PlanRequest(
+            opened=session.opened,
             model=session.opened.model,
             tree=session.tree,
             profile=self.window_.hardware_profile(),
@@ -242,9 +282,14 @@ class PlannerPanel(QWidget):
         if self.thread is not None and self.thread.isRunning():
             return None
         self._request = request
+        self._compared_for = (
+            getattr(self.window_.session.profile, "name", None),
+            dict(self.window_.session.budgets),
+        )
         self.compare_button.setEnabled(False)
         self.compare_button.setText("Planning…")
-        self.thread = TaskThread(run_comparison, request, parent=self)
+        self.thread = TaskThread(run_comparison, request)
+        self.thread.setObjectName("compare plans")
         self.thread.succeeded.connect(self._on_thread_succeeded)
         self.thread.failed.connect(self._on_thread_failed)
         self.thread.start()
@@ -294,6 +339,8 @@ class PlannerPanel(QWidget):
             status.setToolTip(candidate.error or (prediction.summary() if prediction else ""))
             self.table.setItem(len(devices) + 2, column, status)
         self.table.resizeColumnsToContents()
+        rows_height = self.table.verticalHeader().length() + self.table.horizontalHeader().height()
+        self.table.setMinimumHeight(max(170, min(rows_height + 6, 420)))  # every row in view
         self._fill_apply_buttons()
         if candidates:
             self.table.setCurrentCell(0, 0)
@@ -304,14 +351,23 @@ class PlannerPanel(QWidget):
             item = self.apply_row.takeAt(0)
             if item.widget() is not None:
                 item.widget().deleteLater()
-        self.apply_buttons: dict[str, QPushButton] = {}
+        self.apply_buttons = {}
         for candidate in self.candidates:
             button = QPushButton(f"Apply {candidate.strategy}", self)
-            button.setEnabled(candidate.plan is not None)
-            button.setToolTip(candidate.error or "Apply this map (one undo step)")
             button.clicked.connect(lambda _c=False, s=candidate.strategy: self.apply(s))
             self.apply_row.addWidget(button)
             self.apply_buttons[candidate.strategy] = button
+        self._update_apply_buttons()
+
+    def _update_apply_buttons(self) -> None:
+        stale = self.stale_reason()
+        for strategy, button in self.apply_buttons.items():
+            candidate = self.candidate(strategy)
+            error = candidate.error if candidate is not None else "no plan"
+            button.setEnabled(
+                stale is None and candidate is not None and candidate.plan is not None
+            )
+            button.setToolTip(stale or error or "Apply this map (one undo step)")
 
     def _on_table_current_cell_changed(self, _row: int, column: int, *_previous: int) -> None:
         if 0 <= column < len(self.candidates):
@@ -350,11 +406,18 @@ class PlannerPanel(QWidget):
         return next((c for c in self.candidates if c.strategy == strategy), None)
 
     def apply(self, strategy: str) -> bool:
-        """Apply a compared strategy as one undo macro; return whether it applied."""
+        """Apply a compared strategy as one undo macro; return whether it applied.
+
+        Refused (returns False, says why in the status bar) when the comparison is stale.
+        """
         candidate = self.candidate(strategy)
         if candidate is None or candidate.plan is None or self._request is None:
             return False
         window = self.window_
+        stale = self.stale_reason()
+        if stale is not None:
+            window.statusBar().showMessage(f"Cannot apply the {strategy} plan: {stale}", 8000)
+            return False
         reserve = sum(self._request.reserve.values())
         push_plan(
             window.undo_stack,
@@ -363,8 +426,12 @@ class PlannerPanel(QWidget):
             strategy=strategy,
             budgets=self._request.budgets,
             reserve=reserve,
+            opened=candidate.opened,
+            dtype=self._request.dtype,
         )
-        window.tree_model.set_trace({p.module: p.reason for p in candidate.plan.trace})
+        window.tree_model.set_trace(
+            {p.module: p.reason for p in candidate.plan.trace}, candidate.plan.device_map
+        )
         window.statusBar().showMessage(f"Applied the {strategy} plan", 5000)
         return True
 

@@ -79,6 +79,8 @@ class ModuleTreeModel(QAbstractItemModel):
         self._tree: ModuleTree | None = None
         self._map_index: MapIndex | None = None
         self._trace: dict[str, str] = {}
+        self._trace_map: dict[str, Any] | None = None
+        self._trace_shown = False
 
     # --- document ---------------------------------------------------------------------------
 
@@ -96,7 +98,7 @@ class ModuleTreeModel(QAbstractItemModel):
         """Show ``tree`` (resets the model) with ``device_map``."""
         self.beginResetModel()
         self._tree = tree
-        self._trace = {}
+        self._trace, self._trace_map, self._trace_shown = {}, None, False
         self._map_index = MapIndex(tree, device_map or {}) if tree is not None else None
         self.endResetModel()
 
@@ -105,6 +107,7 @@ class ModuleTreeModel(QAbstractItemModel):
         if self._tree is None:
             return
         self._map_index = MapIndex(self._tree, device_map or {})
+        self._trace_shown = self._trace_map == self._map_index.device_map
         rows = len(self._tree.root.children)
         if rows:
             self.dataChanged.emit(
@@ -112,9 +115,14 @@ class ModuleTreeModel(QAbstractItemModel):
             )
         self.map_changed.emit()
 
-    def set_trace(self, reasons: dict[str, str]) -> None:
-        """Remember the planner's reason per module; shown in the row tooltips."""
+    def set_trace(self, reasons: dict[str, str], device_map: dict[str, Any]) -> None:
+        """Remember the planner's reason per module for the map it planned; the row tooltips
+        show them while the current map is that map (not after an undo or another edit)."""
         self._trace = dict(reasons)
+        self._trace_map = MapIndex(self._tree, device_map).device_map if self._tree else None
+        self._trace_shown = (
+            self._map_index is not None and self._trace_map == self._map_index.device_map
+        )
 
     def node(self, index: AnyIndex) -> ModuleNode | None:
         """Return the node of a valid index (``None`` for the invisible root)."""
@@ -272,7 +280,7 @@ class ModuleTreeModel(QAbstractItemModel):
                 }
             )
             lines.append(f"tied: {', '.join(partners)} move together")
-        reason, current = None, node
+        reason, current = None, node if self._trace_shown else None
         while reason is None and current is not None:  # a placed parent explains its children
             reason, current = self._trace.get(current.name), current.parent
         if reason:

@@ -1,7 +1,10 @@
 """Menus, the main toolbar, keyboard shortcuts and the tree's context menu of ``MainWindow``.
 
 Kept apart from ``main_window.py`` so the window file stays about layout and state. Every
-action is reachable from the keyboard; Ctrl+1..9 move the selected rows to lane 1..9.
+action is reachable from the keyboard; Ctrl+1..9 move the selected rows to lane 1..9. Each of
+those shortcuts belongs to exactly one ``QAction`` of the window, which Edit > Move selection to
+and the tree's context menu reuse (a second action with the same shortcut would make Qt call
+the key ambiguous and do nothing).
 """
 
 from __future__ import annotations
@@ -237,11 +240,14 @@ def refresh_recent_menu(window: MainWindow) -> None:
 
 
 def _fill_move_menu(window: MainWindow, menu: QMenu) -> None:
-    menu.clear()
+    menu.clear()  # keeps the window's lane actions (the menu does not own them)
     for number, lane in enumerate(window.lanes.lanes, start=1):
-        action = menu.addAction(device_label(lane.device))
         if number <= MAX_LANE_SHORTCUTS:
-            action.setShortcut(QKeySequence(f"Ctrl+{number}"))
+            action = window.actions_by_name[f"lane_{number}"]
+            action.setText(device_label(lane.device))
+            menu.addAction(action)
+            continue
+        action = menu.addAction(device_label(lane.device))
         action.triggered.connect(lambda _c=False, d=lane.device: window.move_selection_to(d))
 
 
@@ -251,8 +257,9 @@ def _move_to_lane(window: MainWindow, number: int) -> None:
         window.move_selection_to(lanes[number - 1].device)
 
 
-def _tree_context_menu(window: MainWindow, pos: QPoint) -> None:
+def _tree_context_menu(window: MainWindow, pos: QPoint) -> QMenu:
     menu = QMenu(window)
+    menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     move_menu = menu.addMenu("Move to")
     _fill_move_menu(window, move_menu)
     names = window.tree_view.selected_names()
@@ -264,6 +271,7 @@ def _tree_context_menu(window: MainWindow, pos: QPoint) -> None:
     expand.setEnabled(index.isValid())
     expand.triggered.connect(lambda: window.tree_view.expandRecursively(index))
     menu.popup(window.tree_view.viewport().mapToGlobal(pos))
+    return menu
 
 
 def open_dialog(window: MainWindow) -> None:

@@ -62,15 +62,19 @@ class WindowHardwareMixin:
         """Switch to ``profile``: its budgets replace the current ones (one undo step)."""
         self.hardware_selector.add_profile(profile)
         self.undo_stack.push(SetProfileCommand(self.session, profile))
-        app_settings.save_last_hardware(profile.name, self.session.budgets)
+
+    def remember_hardware(self) -> None:
+        """Persist the session's profile and budgets as the last hardware (after every change,
+        undo and redo included, so the settings always match what the window shows)."""
+        profile = self.session.profile or self._profile
+        if profile is not None and self.session.budgets:
+            app_settings.save_last_hardware(profile.name, self.session.budgets)
 
     def _on_hardware_profile_chosen(self, profile: Any) -> None:
         self.set_hardware_profile(profile)
 
     def _on_budget_editor_edited(self, budgets: dict[int | str, int]) -> None:
         self.undo_stack.push(SetBudgetsCommand(self.session, budgets, "Edit budgets"))
-        if self._profile is not None:
-            app_settings.save_last_hardware(self._profile.name, budgets)
 
     def update_speed_prediction(self, *, wait: bool = False) -> None:
         """Recompute tokens/s and TTFT for the current map on a worker thread (debounced
@@ -94,7 +98,7 @@ class WindowHardwareMixin:
         from workbench.models.speed import predict_speed
 
         device_map = dict(self.session.device_map)
-        thread = TaskThread(predict_speed, tree, device_map, profile, parent=self)
+        thread = TaskThread(predict_speed, tree, device_map, profile)
         thread.setObjectName("predict speed")
         thread.succeeded.connect(self._on_speed_thread_succeeded)
         thread.failed.connect(self._on_speed_thread_failed)

@@ -38,7 +38,7 @@ class WindowPersistenceMixin:
         try:
             app_settings.write_autosave(self.session.to_dict())
         except (OSError, TypeError, ValueError) as exc:
-            logger.warning("autosave failed: %s", exc)
+            logger.warning("autosave failed: %s", str(exc))
 
     def offer_restore(self, path: Path) -> QWidget:
         """Show a bar offering to restore the autosaved session at ``path`` (non-blocking)."""

@@ -4,6 +4,11 @@
 through queued signals, so slots run on the GUI thread. Every started thread is tracked until
 it finishes, which lets tests assert that none outlives them (``running_threads``).
 
+A finished thread lets go of its function and arguments (a speed prediction's tree and map
+copy, a planner request's model) and of itself: it has no Qt parent, so once its owner drops
+or replaces its reference the object is freed; nothing piles up under the window after many
+edits.
+
 Example:
     >>> thread = TaskThread(open_model, "/models/demo")  # doctest: +SKIP
     >>> thread.succeeded.connect(window._on_open_succeeded)
@@ -17,11 +22,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, QThread, Signal
+from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
 logger = logging.getLogger(__name__)
 
 _RUNNING: set[TaskThread] = set()
+_FINISHED: list[TaskThread] = []  # kept one event-loop turn, so none is freed in its own slot
 
 
 class TaskThread(QThread):
@@ -34,7 +40,8 @@ class TaskThread(QThread):
     Args:
         function: what to call; it must not touch widgets.
         args: positional arguments.
-        parent: Qt parent (keeps the thread alive while it runs).
+        parent: Qt parent; leave it ``None`` (the default) so the object is freed once its
+            owner lets go of it; a running thread is kept alive by the module.
         kwargs: keyword arguments.
     """
 
@@ -72,7 +79,16 @@ class TaskThread(QThread):
         self.succeeded.emit(result)
 
     def _on_thread_finished(self) -> None:
-        _RUNNING.discard(self)
+        self.wait()  # ``finished`` fires just before the thread exits; let it end first
+        self._function, self._args, self._kwargs = _done, (), {}
+        if self in _RUNNING:
+            _RUNNING.discard(self)
+            _FINISHED.append(self)
+            QTimer.singleShot(0, _FINISHED.clear)
+
+
+def _done() -> None:
+    """Stands in for a finished thread's function (it keeps no reference to its work)."""
 
 
 def running_threads() -> list[TaskThread]:
