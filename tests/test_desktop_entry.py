@@ -179,17 +179,20 @@ def test_user_data_dir_follows_xdg_rules(tmp_path, monkeypatch):
     assert user_data_dir() == tmp_path / ".local" / "share"
 
 
-def test_unwritable_data_dir_fails_with_the_path(tmp_path):
-    if os.geteuid() == 0:
-        blocker = tmp_path / "file-not-folder"
-        blocker.write_text("x")
-        with pytest.raises(OSError):
-            install_desktop_entry(blocker)
-        return
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    with pytest.raises(OSError):
-        install_desktop_entry(locked)
+def test_unwritable_data_dir_fails_with_the_path(tmp_path, capsys):
+    blocker = tmp_path / "file-not-folder"  # unwritable as a folder, even for root
+    blocker.write_text("x")
+    with pytest.raises(OSError) as raised:
+        install_desktop_entry(blocker)
+    assert str(blocker) in str(raised.value)
+    assert main(["install-desktop-entry", "--data-dir", str(blocker)]) != 0
+    assert str(blocker) in capsys.readouterr().err
+    if os.geteuid() != 0:  # root ignores permission bits
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(PermissionError) as denied:
+            install_desktop_entry(locked)
+        assert str(locked) in str(denied.value)
 
 
 @pytest.mark.skipif(shutil.which("desktop-file-validate") is None, reason="desktop-file-utils")

@@ -4,6 +4,7 @@ JSON example loads, and every image it shows exists. A README command with no ru
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from workbench import APP_ID
 from workbench.big_modeling.device_map import load_device_map
 from workbench.cli import build_parser, main
+from workbench.platform_integration import ICON_SIZES_PX
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -60,19 +62,94 @@ def test_setup_commands_are_the_ones_ci_runs():
     assert args.command is None  # opens the GUI on the demo
 
 
-def test_every_readme_command_has_a_runner():
-    known = {
-        CLI_HEADING: "test_cli_tour_runs_as_written",
-        "## Desktop bundle": "test_bundle_build_command_parses",
-        "## Desktop integration": "test_desktop_integration_commands_run",
-    }
-    after = AFTER_SETUP
-    blocks_by_heading = {
-        heading: fenced_blocks(section(heading), "bash")
-        for heading in re.findall(r"\n(## .+)", after)
-    }
-    unrun = {h: b for h, b in blocks_by_heading.items() if b and h not in known}
-    assert not unrun, f"README sections with shell commands no test runs: {sorted(unrun)}"
+SHELL_LANGUAGES = ("", "bash", "sh", "shell", "console", "zsh")
+# Each README command (fenced in any shell block, or inline code starting with `workbench `,
+# `scripts/` or `python3 -m`) -> where it is run: "FILE::TEST" or ".ci/run".
+RUNNERS: dict[str, str] = {
+    r"python3 -m pip install -e \.": "tests/test_packaging.py::test_readme_editable_install_runs_the_checkout_it_was_made_from",
+    r"workbench --demo": "tests/gui/test_app_demo_startup.py::test_workbench_demo_makes_the_demo_off_the_gui_thread_then_opens_it",
+    r'python3 -m pip install --quiet -e "\.\[dev\]"': ".ci/run",
+    r"python3 -m pytest -n 2": ".ci/run",
+    r"workbench (make-demo|inspect|plan|run|profiles) .*|workbench profiles": "tests/test_readme.py::test_cli_tour_runs_as_written",
+    r"scripts/build-app( --check)?": "tests/test_packaging.py::test_pyinstaller_bundle_starts_and_opens_the_demo",
+    r"scripts/build-app --icons-only": "tests/test_readme.py::test_icons_only_renders_the_pngs_and_keeps_unchanged_ones",
+    r"workbench install-desktop-entry( --uninstall)?": "tests/test_readme.py::test_desktop_integration_commands_run",
+}
+# Documented but not run anywhere, with the reason.
+NOT_RUN: dict[str, str] = {
+    r"python3 -m pip install torch --index-url https://download\.pytorch\.org/whl/cpu": (
+        "downloads PyTorch from the internet; CI installs the CPU torch its machines carry"
+    ),
+}
+INLINE_COMMAND = re.compile(r"`((?:workbench |scripts/|python3 -m )[^`]+)`")
+
+
+def readme_commands() -> list[str]:
+    """Every command in README.md: shell lines of every fenced block whose language is a
+    shell (or none), plus inline code that starts like a command. Other fenced languages
+    must be ones a test reads (only json, by test_device_map_examples_load_in_both_forms)."""
+    found: list[str] = []
+    for language, body in re.findall(r"```([\w+-]*)\n(.*?)```", README, flags=re.DOTALL):
+        if language in SHELL_LANGUAGES:
+            found += commands(body)
+        else:
+            assert language == "json", f"README has a ```{language} block no test reads"
+    found += INLINE_COMMAND.findall(README)
+    return found
+
+
+def runner_exists(runner: str) -> bool:
+    if runner == ".ci/run":
+        return (ROOT / ".ci" / "run").is_file()
+    path, _, name = runner.partition("::")
+    source = (ROOT / path).read_text(encoding="utf-8")
+    return re.search(rf"^def {re.escape(name)}\(", source, flags=re.MULTILINE) is not None
+
+
+def test_every_readme_command_has_a_runner_that_exists():
+    commands_found = readme_commands()
+    assert "workbench --demo" in commands_found
+    assert "scripts/build-app --icons-only" in commands_found  # inline ones are seen
+    unrun = []
+    used: set[str] = set()
+    for command in commands_found:
+        pattern = next((p for p in [*RUNNERS, *NOT_RUN] if re.fullmatch(p, command)), None)
+        if pattern is None:
+            unrun.append(command)
+        else:
+            used.add(pattern)
+    assert not unrun, f"README commands no test or .ci/run runs (add to RUNNERS): {unrun}"
+    assert used == set(RUNNERS) | set(NOT_RUN), "RUNNERS/NOT_RUN entries the README no longer has"
+    missing = sorted(r for r in RUNNERS.values() if not runner_exists(r))
+    assert not missing, f"runners that do not exist: {missing}"
+    ci_script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    for command in commands_found:
+        if any(re.fullmatch(p, command) for p, r in RUNNERS.items() if r == ".ci/run"):
+            assert command in ci_script, f".ci/run does not run `{command}`"
+
+
+def test_the_guard_sees_commands_in_any_shell_block_and_inline(monkeypatch):
+    text = "```sh\nworkbench secret-a\n```\n```console\nscripts/other\n```\nRun `workbench secret-b`.\n"
+    monkeypatch.setattr(sys.modules[__name__], "README", text)
+    assert readme_commands() == ["workbench secret-a", "scripts/other", "workbench secret-b"]
+    monkeypatch.setattr(sys.modules[__name__], "README", "```python\nimport os\n```\n")
+    with pytest.raises(AssertionError, match="python block"):
+        readme_commands()
+
+
+def test_cli_tour_commands_take_json_as_the_readme_says():
+    assert "these five also take\n`--json`" in section(CLI_HEADING)
+    (block,) = fenced_blocks(section(CLI_HEADING), "bash")
+    for line in commands(block):
+        subcommand = shlex.split(line)[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "workbench", subcommand, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "--json" in result.stdout, f"`workbench {subcommand}` has no --json"
 
 
 @pytest.mark.slow
@@ -108,6 +185,36 @@ def test_bundle_build_command_parses():
         for flag in [*argv[1:], "--icons-only"]:  # --icons-only is named in the prose
             assert flag in result.stdout
     assert "scripts/build-app --icons-only" in section("## Desktop bundle")
+
+
+@pytest.mark.slow
+def test_icons_only_renders_the_pngs_and_keeps_unchanged_ones(tmp_path):
+    """README's `scripts/build-app --icons-only`, into a temporary hicolor folder."""
+    assert "`scripts/build-app --icons-only`" in section("## Desktop bundle")
+    out = tmp_path / "hicolor"
+
+    def icons_only() -> str:
+        script = str(ROOT / "scripts" / "build-app")
+        result = subprocess.run(
+            [sys.executable, script, "--icons-only", "--icons-dir", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    exe_icon = ROOT / "build" / "icons" / "app.ico"
+    exe_icon_stamp = exe_icon.stat().st_mtime_ns if exe_icon.exists() else None
+    assert "8 PNG(s) rewritten" in icons_only()
+    pngs = sorted(out.glob(f"*/apps/{APP_ID}.png"))
+    assert sorted(p.parent.parent.name for p in pngs) == sorted(f"{n}x{n}" for n in ICON_SIZES_PX)
+    assert [p.read_bytes()[:8] for p in pngs] == [b"\x89PNG\r\n\x1a\n"] * len(pngs)
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in pngs}
+    assert "0 PNG(s) rewritten" in icons_only()  # a rebuild never touches unchanged icons
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in pngs} == before
+    assert (exe_icon.stat().st_mtime_ns if exe_icon.exists() else None) == exe_icon_stamp
 
 
 def test_desktop_integration_commands_run(user_dirs, capsys):

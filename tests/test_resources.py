@@ -70,6 +70,19 @@ def test_render_icon_pngs_writes_the_hicolor_layout(qapp, tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [f"{APP_ID}.png"] * 2
 
 
+def test_render_icon_pngs_rewrites_only_pngs_whose_bytes_change(qapp, tmp_path):
+    """So `scripts/build-app` never dirties the tracked icons when the SVG is unchanged."""
+    svg = resource_path("icons", "app.svg")
+    small, large = render_icon_pngs(svg, tmp_path, sizes_px=(20, 40))
+    stamps = {p: p.stat().st_mtime_ns for p in (small, large)}
+    assert render_icon_pngs(svg, tmp_path, sizes_px=(20, 40)) == []
+    assert {p: p.stat().st_mtime_ns for p in (small, large)} == stamps
+    small.write_bytes(b"stale")
+    assert render_icon_pngs(svg, tmp_path, sizes_px=(20, 40)) == [small]
+    assert _load(small).width() == 20
+    assert large.stat().st_mtime_ns == stamps[large]
+
+
 def test_render_rejects_a_file_that_is_not_svg(qapp, tmp_path):
     bogus = tmp_path / "broken.svg"
     bogus.write_text("<svg this is not xml")

@@ -70,7 +70,9 @@ def render_icon_pngs(
 ) -> list[Path]:
     """Render ``svg_path`` to ``hicolor_dir/<N>x<N>/apps/<APP_ID>.png`` for each size.
 
-    Needs a ``QGuiApplication`` (offscreen is fine); one is created if none exists.
+    A PNG whose bytes would not change is left alone, so re-rendering the tracked icons
+    never dirties a checkout. Needs a ``QGuiApplication`` (offscreen is fine); one is
+    created if none exists.
 
     Args:
         svg_path: the app icon in SVG.
@@ -78,19 +80,19 @@ def render_icon_pngs(
         sizes_px: square edge lengths in pixels.
 
     Returns:
-        The PNG paths written, in the order of ``sizes_px``.
+        The PNG paths (re)written, in the order of ``sizes_px``; up-to-date ones are left out.
 
     Raises:
         ValueError: when Qt cannot parse ``svg_path``.
-        OSError: when a PNG cannot be written.
+        OSError: when a PNG cannot be encoded or written.
 
     Example:
         >>> render_icon_pngs(Path("resources/icons/app.svg"), Path("resources/icons/hicolor"))  # doctest: +SKIP
     """
-    from PySide6.QtCore import QSize
+    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QSize
     from PySide6.QtGui import QGuiApplication
 
-    from workbench.big_modeling.atomic import atomic_path
+    from workbench.big_modeling.atomic import atomic_write_bytes
 
     _app = QGuiApplication.instance() or QGuiApplication([])
     written: list[Path] = []
@@ -98,11 +100,17 @@ def render_icon_pngs(
         image = render_icon_image(svg_path, size_px)
         assert image.size() == QSize(size_px, size_px)
         target = hicolor_dir / f"{size_px}x{size_px}" / "apps" / f"{APP_ID}.png"
+        encoded = QByteArray()
+        buffer = QBuffer(encoded)
+        buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+        if not image.save(buffer, "PNG"):
+            raise OSError(f"could not encode the {size_px}px icon for {target}")
+        png = encoded.data()
+        if target.is_file() and target.read_bytes() == png:
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(target) as staging:
-            if not image.save(str(staging), "PNG"):
-                raise OSError(f"could not write the icon {target}")
-        target.chmod(0o644)  # mkstemp makes 0600; icons are world-readable
+        atomic_write_bytes(target, png)
+        target.chmod(0o644)  # icons are world-readable whatever the umask
         written.append(target)
     return written
 

@@ -39,7 +39,8 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
 
     Args:
         open_source: a config.json, model folder, bundled config name or ``hf-cache:REPO``.
-        demo: open the bundled demo model (made on first use, cached).
+        demo: open the demo model; it is made (first use only, then cached) on a worker
+            thread while the window stays responsive (``workbench.gui.demo_startup``).
     """
     from PySide6.QtWidgets import QApplication
 
@@ -58,9 +59,9 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
     window.show()
     pending = app_settings.pending_autosave()
     if demo:
-        from workbench.models import demo_model_dir
+        from workbench.gui.demo_startup import start_demo
 
-        window.open_source(str(demo_model_dir()))
+        start_demo(window)
     elif open_source:
         window.open_source(open_source)
     elif pending is not None:

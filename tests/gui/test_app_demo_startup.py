@@ -1,0 +1,112 @@
+"""`workbench --demo` (the README's launch command, run from source): the demo is made on a
+worker thread while the window stays responsive, then opened; a failure is shown and the
+window keeps working."""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QCoreApplication, QEvent, QTimer
+from PySide6.QtWidgets import QMessageBox
+
+from workbench.gui.demo_startup import DEMO_PARAMS_ENV, DEMO_THREAD_NAME, start_demo
+from workbench.gui.workers import running_threads
+
+
+def _making_demo() -> bool:
+    return any(thread.objectName() == DEMO_THREAD_NAME for thread in running_threads())
+
+
+@pytest.mark.slow  # makes a 2M demo, then opens it with transformers
+@pytest.mark.gui
+def test_workbench_demo_makes_the_demo_off_the_gui_thread_then_opens_it(
+    qtbot, qapp, clean_settings, tmp_path, monkeypatch
+) -> None:
+    from workbench.cli import main
+    from workbench.gui.main_window import MainWindow
+    from workbench.platform_integration import install_smoke_test
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(cache))
+    monkeypatch.setenv(DEMO_PARAMS_ENV, "2M")
+    events_while_making: list[bool] = []
+
+    def on_tick() -> None:
+        windows = [w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)]
+        if _making_demo() and windows and windows[0].isVisible():
+            events_while_making.append(windows[0].busy_bar.isVisible())
+
+    ticker = QTimer()
+    ticker.setInterval(0)  # every pass of the event loop
+    ticker.timeout.connect(on_tick)
+    ticker.start()
+    install_smoke_test(timeout_s=120)  # leaves exec() with 0 once a model is open
+    try:
+        exit_code = main(shlex.split("workbench --demo")[1:])  # -> run_app(demo=True)
+    finally:
+        ticker.stop()
+        windows = [w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)]
+        opened = [(w.session.source, w.session.tree) for w in windows if w.isVisible()]
+        for window in windows:
+            window.close()
+        qapp.setStyleSheet("")
+        QCoreApplication.removePostedEvents(qapp, QEvent.Type.Quit)  # see test_main_window
+        qtbot.waitUntil(lambda: not running_threads(), timeout=10_000)
+
+    assert exit_code == 0
+    assert events_while_making, "the event loop never ran while the demo was being made"
+    assert all(events_while_making), "no busy indicator while the demo was being made"
+    assert [source for source, _ in opened] == [str(cache / "demo-llama-2m")]
+    assert opened[0][1] is not None
+    assert (cache / "demo-llama-2m" / "config.json").is_file()
+
+
+@pytest.mark.slow  # opens the demo with transformers
+@pytest.mark.gui
+def test_the_window_processes_events_while_the_demo_is_made(qtbot, main_window, demo_dir) -> None:
+    """The maker blocks until the GUI thread runs a timer: it cannot be on the GUI thread."""
+    gui_ran = threading.Event()
+
+    def make_after_the_gui_ran() -> Path:
+        if not gui_ran.wait(timeout=30):
+            raise TimeoutError("the GUI thread processed no event while the demo was made")
+        return demo_dir
+
+    thread = start_demo(main_window, make=make_after_the_gui_ran)
+    assert thread.isRunning()
+    assert main_window.busy_bar.isVisibleTo(main_window)
+    assert "Preparing the demo" in main_window.statusBar().currentMessage()
+    QTimer.singleShot(0, gui_ran.set)
+    qtbot.waitUntil(
+        lambda: main_window.session.tree is not None or bool(main_window.errors), timeout=60_000
+    )
+    assert not main_window.errors, main_window.errors
+    assert main_window.session.source == str(demo_dir)
+    qtbot.waitUntil(lambda: not running_threads(), timeout=10_000)
+    assert not main_window.busy_bar.isVisibleTo(main_window)
+
+
+@pytest.mark.gui
+def test_a_demo_that_cannot_be_made_is_reported_with_its_path(
+    qtbot, main_window, tmp_path, monkeypatch
+) -> None:
+    not_a_folder = tmp_path / "cache-is-a-file"
+    not_a_folder.write_text("", encoding="utf-8")
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(not_a_folder))
+    monkeypatch.setenv(DEMO_PARAMS_ENV, "2M")
+
+    thread = start_demo(main_window)
+    with qtbot.waitSignal(thread.failed, timeout=30_000):
+        pass
+    qtbot.waitUntil(
+        lambda: main_window.findChild(QMessageBox, "demoErrorDialog") is not None, timeout=5000
+    )
+    box = main_window.findChild(QMessageBox, "demoErrorDialog")
+    assert str(not_a_folder) in box.text()
+    assert not main_window.busy_bar.isVisibleTo(main_window)
+    assert main_window.session.tree is None
+    box.close()
+    qtbot.waitUntil(lambda: not running_threads(), timeout=10_000)

@@ -1,0 +1,94 @@
+"""Open the demo model without freezing the window.
+
+The first ``workbench --demo`` writes a 60M-parameter checkpoint (tens of seconds); later runs
+find it cached. Either way the folder is made on a worker thread while the status bar says so
+and the window's busy indicator runs, then the window opens it like any other model folder.
+
+Environment:
+    WORKBENCH_DEMO_PARAMS: size of the demo (default ``60M``), e.g. ``2M`` for a quick look.
+    WORKBENCH_CACHE_DIR: where demos are cached (see ``workbench.models.demo_cache_root``).
+
+Example:
+    >>> start_demo(window)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox
+
+from workbench.gui.workers import TaskThread
+
+logger = logging.getLogger(__name__)
+
+DEMO_PARAMS_ENV = "WORKBENCH_DEMO_PARAMS"
+DEFAULT_DEMO_PARAMS = "60M"
+DEMO_THREAD_NAME = "make demo"
+
+
+def demo_params() -> str:
+    """The demo size to open: ``$WORKBENCH_DEMO_PARAMS`` or ``60M``."""
+    return os.environ.get(DEMO_PARAMS_ENV) or DEFAULT_DEMO_PARAMS
+
+
+def make_demo_folder(params: str | None = None) -> Path:
+    """Return the cached llama demo folder of ``params`` (default :func:`demo_params`),
+    making it first when missing. Runs on the worker thread; touches no widget."""
+    from workbench.models import demo_model_dir
+
+    return demo_model_dir("llama", params or demo_params())
+
+
+def start_demo(window: QMainWindow, make: Callable[[], Path] = make_demo_folder) -> TaskThread:
+    """Make (or find) the demo on a worker thread, then open it in ``window``.
+
+    Args:
+        window: the main window; it needs ``open_source(str)``, ``busy_bar`` and a status bar.
+        make: returns the demo folder; called on the worker thread.
+
+    Returns:
+        The running thread (named ``"make demo"``). The application waits for it before it
+        quits, so an interrupted first run never leaves a half-made folder behind.
+    """
+    thread = TaskThread(make, parent=window)
+    thread.setObjectName(DEMO_THREAD_NAME)
+    thread.succeeded.connect(lambda folder: _open_demo(window, folder))
+    thread.failed.connect(lambda exc: _report_failure(window, exc))
+    app = QApplication.instance()
+    if app is not None:
+        app.aboutToQuit.connect(thread.wait)
+    window.busy_bar.setVisible(True)
+    window.statusBar().showMessage("Preparing the demo model (the first run makes it)…")
+    logger.info("preparing the demo model")
+    thread.start()
+    return thread
+
+
+def _open_demo(window: QMainWindow, folder: Path) -> None:
+    window.busy_bar.setVisible(False)
+    if not window.isVisible():
+        return  # closed while the demo was being made
+    logger.info("demo model ready in %s", folder)
+    window.open_source(str(folder))
+
+
+def _report_failure(window: QMainWindow, exc: BaseException) -> None:
+    window.busy_bar.setVisible(False)
+    window.statusBar().showMessage("Could not make the demo model", 5000)
+    logger.error("could not make the demo model: %s", exc)
+    box = QMessageBox(
+        QMessageBox.Icon.Warning,
+        "Could not make the demo model",
+        str(exc),
+        QMessageBox.StandardButton.Ok,
+        window,
+    )
+    box.setObjectName("demoErrorDialog")
+    box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    box.setModal(False)
+    box.show()
