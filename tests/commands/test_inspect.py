@@ -62,6 +62,68 @@ def test_bad_inputs_exit_2_with_the_reason(cli, tmp_path: Path) -> None:
     assert code == 2 and "needs a SOURCE" in err
 
 
+def _tiny_llama(**overrides: object) -> dict:
+    data = json.loads(
+        (Path(__file__).parents[2] / "resources/configs/tiny-llama-demo.json").read_text()
+    )
+    data.update(overrides)
+    return {key: value for key, value in data.items() if value is not None}
+
+
+def test_model_sources_the_user_must_fix_exit_2(cli, tmp_path: Path) -> None:
+    missing = tmp_path / "missing-fields"
+    missing.mkdir()
+    (missing / "config.json").write_text(
+        json.dumps(_tiny_llama(intermediate_size=None, num_attention_heads=None))
+    )
+    code, out, err = cli("inspect", str(missing))
+    assert (code, out) == (2, "")
+    assert (
+        f"error: {missing / 'config.json'} is missing required fields for llama: "
+        "intermediate_size, num_attention_heads;" in err
+    )
+
+    no_config = tmp_path / "no-config"
+    no_config.mkdir()
+    (no_config / "model.safetensors").write_bytes(b"")
+    code, out, err = cli("plan", str(no_config), "--max-memory", "cpu=1GiB")
+    assert (code, out) == (2, "")
+    assert f"folder {no_config} has no config.json (it holds: model.safetensors)" in err
+
+    unbuildable = tmp_path / "unbuildable"
+    unbuildable.mkdir()
+    (unbuildable / "config.json").write_text(json.dumps(_tiny_llama(intermediate_size=-5)))
+    code, out, err = cli("inspect", str(unbuildable), "--json")
+    assert (code, out) == (2, "")
+    assert (
+        f"error: transformers could not build the model from {unbuildable / 'config.json'}: "
+        "LlamaForCausalLM: " in err
+    )
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch and transformers
+def test_a_runtime_failure_exits_1_and_leaves_nothing(tmp_path: Path) -> None:
+    """A full disk is not the user's input: make-demo under a 256 KiB file-size limit fails
+    writing its first shard, exits 1, and leaves no half-made folder."""
+    import resource
+    import signal
+
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "workbench", "make-demo", str(tmp_path / "demo"), "--params", "2M"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_file_size,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("failed: ") and "File too large" in result.stderr
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow  # a fresh interpreter imports torch and transformers
 def test_real_subprocess_json_and_exit_codes(tmp_path: Path) -> None:
     ok = subprocess.run(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from workbench.models.intake import open_model
 
 
@@ -50,3 +52,28 @@ def test_bad_arguments_exit_2(cli, tmp_path: Path, demo_dir: Path) -> None:
     code, _, err = cli("make-demo", str(demo_dir))
     assert code == 2 and "already exists and is not empty" in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_too_many_shards_are_capped_with_a_warning(cli, tmp_path: Path) -> None:
+    folder = tmp_path / "capped"
+    code, out, err = cli("make-demo", str(folder), "--params", "500K", "--shards", "200")
+    assert code == 0, err
+    written = len(list(folder.glob("*.safetensors")))
+    assert 1 < written < 200
+    assert err == (
+        f"warning: asked for 200 shards, but this llama demo ({len(open_model(folder).checkpoint)} "
+        f"tensors) splits into only {written} files of roughly equal size; wrote {written}\n"
+    )
+    assert f"in {written} shard(s)" in out
+
+
+def test_the_library_warns_and_reports_its_stages(tmp_path: Path) -> None:
+    from workbench.models.demo import DEMO_STAGES, make_demo
+
+    stages: list[str] = []
+    with pytest.warns(UserWarning, match=r"asked for 64 shards, .* wrote \d+$"):
+        make_demo(tmp_path / "d", params="500K", shards=64, progress=stages.append)
+    assert stages == list(DEMO_STAGES)
+    stages.clear()
+    make_demo(tmp_path / "e", params="500K", shards=2, progress=stages.append)  # no warning
+    assert stages == list(DEMO_STAGES)

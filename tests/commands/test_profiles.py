@@ -25,3 +25,18 @@ def test_one_profile_as_json(cli) -> None:
 def test_unknown_profile_exits_2(cli) -> None:
     code, _, err = cli("profiles", "rtx5090")
     assert code == 2 and "unknown hardware profile 'rtx5090'; known profiles:" in err
+
+
+def test_a_profile_with_zero_bandwidth_exits_2(cli, tmp_path) -> None:
+    path = tmp_path / "zero.json"
+    path.write_text(
+        json.dumps({"disk_read_gbps": 0, "devices": [{"device": "cpu", "memory": "1MiB"}]})
+    )
+    code, out, err = cli("profiles", str(path))
+    assert (code, out) == (2, "")
+    assert (
+        err == f"error: hardware profile {path}: 'disk_read_gbps' must be a number above 0, got 0\n"
+    )
+    code, out, err = cli("plan", "tiny-llama-demo", "--profile", str(path))
+    assert (code, out) == (2, "")
+    assert "'disk_read_gbps' must be a number above 0" in err

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
+from workbench.models import hardware
 from workbench.models.errors import ProfileError
 from workbench.models.hardware import (
     HardwareProfile,
@@ -73,11 +76,51 @@ def test_user_profiles_add_and_override(tmp_path: Path, monkeypatch) -> None:
         ),
         (
             {"devices": [{"device": "cpu", "memory": "lots"}]},
-            r"devices\[0\]: 'lots' is not a memory size",
+            r"devices\[0\]: 'memory': 'lots' is not a memory size",
         ),
         (
             {"devices": [{"device": 0, "memory": 1}, {"device": "cuda:0", "memory": 2}]},
             "lists devices twice: 0",
+        ),
+        (
+            {"disk_read_gbps": 0, "devices": [{"device": "cpu", "memory": "1GiB"}]},
+            r": 'disk_read_gbps' must be a number above 0, got 0$",
+        ),
+        (
+            {"host_to_device_gbps": -25, "devices": [{"device": "cpu", "memory": "1GiB"}]},
+            r": 'host_to_device_gbps' must be a number above 0, got -25$",
+        ),
+        (
+            {"host_to_device_gbps": "fast", "devices": [{"device": "cpu", "memory": "1GiB"}]},
+            r": 'host_to_device_gbps' must be a number above 0, got 'fast'$",
+        ),
+        (
+            {"devices": [{"device": 0, "memory": "24GiB", "compute_tflops": 0}]},
+            r", devices\[0\]: 'compute_tflops' must be a number above 0, got 0$",
+        ),
+        (
+            {"devices": [{"device": "cpu", "memory": "8GiB", "memory_bandwidth_gbps": -1}]},
+            r", devices\[0\]: 'memory_bandwidth_gbps' must be a number above 0, got -1$",
+        ),
+        (
+            {"devices": [{"device": 0, "memory": "1GiB", "compute_tflops": True}]},
+            r", devices\[0\]: 'compute_tflops' must be a number above 0, got True$",
+        ),
+        (
+            {"devices": [{"device": "disk", "memory": "1TB", "memory_bandwidth_gbps": "NaN"}]},
+            r", devices\[0\]: 'memory_bandwidth_gbps' must be 0 or more, got 'NaN'$",
+        ),
+        (
+            {"devices": [{"device": 0, "memory": "0GiB"}]},
+            r", devices\[0\]: 'memory' must be above 0 bytes, got '0GiB'$",
+        ),
+        (
+            {"devices": [{"device": "cpu", "memory": -4}]},
+            r", devices\[0\]: 'memory': memory size -4 is negative",
+        ),
+        (
+            {"devices": [{"device": "cpu", "memory": "8GiB", "free": "some"}]},
+            r", devices\[0\]: 'free': 'some' is not a memory size",
         ),
     ],
 )
@@ -88,6 +131,29 @@ def test_malformed_profiles_name_file_and_problem(tmp_path: Path, data: dict, me
     assert str(path) in str(caught.value)
 
 
+def test_speeds_left_out_get_typical_values_and_a_disk_may_have_no_compute(
+    tmp_path: Path,
+) -> None:
+    path = _write(
+        tmp_path,
+        "sparse",
+        {
+            "devices": [
+                {"device": 0, "memory": "8GiB"},
+                {"device": "cpu", "memory": "8GiB"},
+                {"device": "disk", "memory": "1TB", "compute_tflops": 0},
+            ]
+        },
+    )
+    profile = load_profile(path)
+    assert (profile.device(0).compute_tflops, profile.device(0).memory_bandwidth_gbps) == (
+        hardware.GENERIC_GPU_TFLOPS,
+        hardware.GENERIC_GPU_BANDWIDTH_GBPS,
+    )
+    assert profile.device("cpu").compute_tflops == hardware.DEFAULT_CPU_TFLOPS
+    assert profile.device("disk").compute_tflops == 0
+
+
 def test_unknown_profile_lists_known_ones() -> None:
     with pytest.raises(
         ProfileError,
@@ -96,6 +162,22 @@ def test_unknown_profile_lists_known_ones() -> None:
         load_profile("rtx5090")
     with pytest.raises(ProfileError, match="does not exist"):
         load_profile("missing.json")
+
+
+def test_disk_is_measured_where_offloaded_weights_go(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv(hardware.OFFLOAD_DIR_ENV, raising=False)
+    assert hardware.default_offload_root() == Path(tempfile.gettempdir())
+    assert detect_hardware().device("disk").name == f"disk at {Path(tempfile.gettempdir())}"
+    chosen = tmp_path / "offload-here"
+    monkeypatch.setenv(hardware.OFFLOAD_DIR_ENV, str(chosen))
+    assert hardware.default_offload_root() == chosen
+    disk = detect_hardware().device("disk")
+    # the folder does not exist yet: its filesystem is measured at the closest existing parent
+    assert disk.name == f"disk at {tmp_path}"
+    usage = shutil.disk_usage(tmp_path)
+    assert disk.memory_bytes == usage.total and 0 < disk.free_bytes <= usage.total
+    chosen.mkdir()
+    assert detect_hardware().device("disk").name == f"disk at {chosen}"
 
 
 def test_detected_hardware_matches_this_machine(tmp_path: Path) -> None:

@@ -30,6 +30,9 @@ def test_folder_sizes_come_from_the_checkpoint_index(demo_llama_dir: Path) -> No
     assert opened.no_split_modules == ["LlamaDecoderLayer"]
     assert opened.tokenizer_dir == demo_llama_dir
     assert opened.missing_keys == [] and opened.unexpected_keys == []
+    # LlamaForCausalLM declares lm_head.weight as tyable, but this demo unties it
+    assert opened.config.tie_word_embeddings is False
+    assert opened.tied_groups == [] and opened.tied_weight_keys == []
     assert next(opened.model.parameters()).device.type == "meta"
     layer = opened.tree.node("model.layers.0")
     assert layer.no_split and layer.class_name == "LlamaDecoderLayer"
@@ -58,6 +61,8 @@ def test_bare_config_and_bundled_name(demo_llama_dir: Path, tmp_path: Path) -> N
     gpt2 = open_model("gpt2")
     assert gpt2.tree.root.param_count == 124_439_808  # GPT-2 small, head tied to wte
     assert gpt2.declared_dtype == torch.float32
+    untied = open_model("llama-3.1-8b")  # tie_word_embeddings: false
+    assert untied.tied_groups == [] and untied.tied_weight_keys == []
 
 
 def _write_config(folder: Path, data: dict | str) -> Path:
@@ -87,6 +92,24 @@ def _llama_config(**overrides: object) -> dict:
             r"missing required fields for llama: hidden_size, vocab_size",
         ),
         (
+            # transformers' defaults (11008, 32 heads) would open a 38.5M model, not 3.2M
+            _llama_config(intermediate_size=None, num_attention_heads=None),
+            r"missing required fields for llama: intermediate_size, num_attention_heads; "
+            "without them transformers would use defaults",
+        ),
+        (
+            {
+                "model_type": "qwen3_moe",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "vocab_size": 100,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+            },
+            r"missing required fields for qwen3_moe: moe_intermediate_size, "
+            r"num_local_experts \(or num_experts\);",
+        ),
+        (
             _llama_config(intermediate_size=-5),
             r"transformers could not build the model from .*LlamaForCausalLM: ",
         ),
@@ -97,6 +120,8 @@ def _llama_config(**overrides: object) -> dict:
         "no-model-type",
         "unknown-type",
         "missing-fields",
+        "missing-size-fields",
+        "missing-moe-fields",
         "unbuildable",
     ],
 )

@@ -66,8 +66,21 @@ def test_cpu_only_plan_has_no_transfers(toy_tree) -> None:
         layer.transfer_s == 0 and layer.execution_device == "cpu" for layer in prediction.per_layer
     )
     # memory-bound on the CPU: 2e6 B / (50e9 * 0.8) = 5e-5 s per layer
+    # beats 2*1e6 flop / (1e12 * 0.5) = 4e-6 s of FLOPs
     assert prediction.decode_s == pytest.approx(2 * 5e-5)
+    assert all(layer.memory_bound for layer in prediction.per_layer)
+    assert prediction.bottleneck == "memory"
+    assert "(memory-bound, prefetch on)" in prediction.summary()
+
+
+def test_a_big_batch_makes_decode_compute_bound(toy_tree) -> None:
+    # batch 64 on the CPU: 64 * 2e6 flop / 5e11 flop/s = 2.56e-4 s > 5e-5 s of weight reads
+    prediction = predict_speed(toy_tree, {"": "cpu"}, PROFILE, batch_size=64)
+    assert prediction.decode_s == pytest.approx(2 * 2.56e-4)
+    assert not any(layer.memory_bound for layer in prediction.per_layer)
     assert prediction.bottleneck == "compute"
+    # batch 8: 8 * 2e6 / 5e11 = 3.2e-5 s < 5e-5 s: still memory-bound
+    assert predict_speed(toy_tree, {"": "cpu"}, PROFILE, batch_size=8).bottleneck == "memory"
 
 
 def test_map_errors(toy_tree) -> None:

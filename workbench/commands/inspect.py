@@ -66,12 +66,17 @@ def stage_progress(total: int, *, quiet: bool, desc: str) -> Iterator[Any]:
 
 
 def open_with_progress(source: str, *, dtype: str | None, quiet: bool) -> Any:
-    """``open_model`` with a progress bar over its stages."""
-    from workbench.models.intake import open_model
+    """``open_model`` with a progress bar over its stages (config, build, headers, tree)."""
+    from workbench.models.intake import OPEN_STAGES, open_model
 
-    with stage_progress(1, quiet=quiet, desc=f"opening {source}") as bar:
-        opened = open_model(source, dtype=dtype)
-        bar.update(1)
+    with stage_progress(len(OPEN_STAGES), quiet=quiet, desc=f"opening {source}") as bar:
+
+        def on_stage(stage: str) -> None:
+            bar.update(OPEN_STAGES.index(stage) - bar.n)
+            bar.set_description_str(f"opening {source}: {stage}")
+
+        opened = open_model(source, dtype=dtype, progress=on_stage)
+        bar.update(bar.total - bar.n)
     return opened
 
 

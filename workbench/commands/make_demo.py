@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,10 +33,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from workbench.big_modeling.sizes import format_nbytes, format_param_count
     from workbench.commands.inspect import stage_progress
-    from workbench.models.demo import make_demo
+    from workbench.models.demo import DEMO_STAGES, make_demo
     from workbench.models.intake import open_model
 
-    with stage_progress(2, quiet=args.json, desc=f"making {args.arch} demo") as bar:
+    stages = (*DEMO_STAGES, "opening the demo")
+    with (
+        stage_progress(len(stages), quiet=args.json, desc=f"making {args.arch} demo") as bar,
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+
+        def on_stage(stage: str) -> None:
+            bar.update(stages.index(stage) - bar.n)
+            bar.set_description_str(f"making {args.arch} demo: {stage}")
+
         folder = make_demo(
             args.folder,
             arch=args.arch,
@@ -44,10 +55,13 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             seed=args.seed,
             overwrite=args.overwrite,
+            progress=on_stage,
         )
-        bar.update(1)
+        on_stage(stages[-1])
         opened = open_model(folder)
-        bar.update(1)
+        bar.update(bar.total - bar.n)
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
     root = opened.tree.root
     files = sorted(path.name for path in folder.iterdir())
     if args.json:

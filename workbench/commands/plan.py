@@ -8,6 +8,7 @@ free memory. ``--emit-code`` prints the equivalent ``from_pretrained`` call.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -88,7 +89,6 @@ def parse_device_sizes(items: list[str], option: str) -> dict[int | str, int]:
 
 def run(args: argparse.Namespace) -> int:
     from workbench.big_modeling.errors import BadInputError
-    from workbench.big_modeling.planner import plan_device_map
     from workbench.commands.inspect import open_with_progress, stage_progress
     from workbench.models.hardware import detect_hardware, load_profile, profile_for_budgets
     from workbench.models.speed import predict_speed
@@ -107,13 +107,8 @@ def run(args: argparse.Namespace) -> int:
     opened = open_with_progress(args.source, dtype=args.dtype, quiet=args.json)
     reserve = _reserve(args.reserve, opened, budgets, args.prompt_tokens)
     with stage_progress(1, quiet=args.json, desc="planning") as bar:
-        plan = plan_device_map(
-            opened.model,
-            max_memory=budgets,
-            strategy=args.strategy,
-            no_split_module_classes=opened.no_split_modules,
-            dtype=_planner_dtype(opened),
-            reserve=reserve or None,
+        plan = plan_with_tree_sizes(
+            opened, max_memory=budgets, strategy=args.strategy, reserve=reserve or None
         )
         bar.update(1)
     if args.output:
@@ -148,6 +143,40 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(code)
     return 0
+
+
+def plan_with_tree_sizes(
+    opened: Any,
+    *,
+    max_memory: dict[int | str, int],
+    strategy: str,
+    reserve: dict[int | str, int] | None,
+) -> Any:
+    """``plan_device_map`` for ``opened`` with the sizes its tree reports
+    (``opened.module_sizes()``: checkpoint headers when there are weights), so the plan's
+    totals and the tree agree even for a checkpoint mixing dtypes."""
+    from workbench.big_modeling import planner
+
+    arguments = {
+        "max_memory": max_memory,
+        "strategy": strategy,
+        "no_split_module_classes": opened.no_split_modules,
+        "dtype": _planner_dtype(opened),
+        "reserve": reserve,
+        "module_sizes": opened.module_sizes(),
+    }
+    if "module_sizes" in inspect.signature(planner.plan_device_map).parameters:
+        return planner.plan_device_map(opened.model, **arguments)
+    # Until the engine's plan_device_map takes module_sizes, use the function it wraps.
+    return planner._plan(
+        opened.model,
+        **arguments,
+        special_dtypes=None,
+        offload_buffers=False,
+        fallback_allocation=False,
+        clean_result=True,
+        explain=True,
+    )
 
 
 def _planning_dtype(opened: Any) -> Any:
@@ -253,13 +282,15 @@ def compress_names(names: list[str], limit: int = 6) -> str:
     return ", ".join(parts)
 
 
-def _format_budget(nbytes: int) -> str:
-    """An exact size string transformers parses back to the same bytes: ``"24GiB"``, ``"2TB"``."""
-    units = (("TiB", 2**40), ("TB", 10**12), ("GiB", 2**30), ("GB", 10**9), ("MiB", 2**20))
+def format_budget(nbytes: int) -> str | int:
+    """A budget ``from_pretrained(max_memory=...)`` parses back to the same bytes: ``"24GiB"``,
+    ``"2000GB"``, else the int. accelerate reads only GiB/MiB/KiB/GB/MB/KB (no TiB/TB) and
+    rejects a bare digit string."""
+    units = (("GiB", 2**30), ("GB", 10**9), ("MiB", 2**20), ("MB", 10**6))
     for unit, factor in units:
         if nbytes >= factor and nbytes % factor == 0:
             return f"{nbytes // factor}{unit}"
-    return str(nbytes)
+    return int(nbytes)
 
 
 def emit_code(
@@ -280,7 +311,7 @@ def emit_code(
         location = repr("path/to/checkpoint")  # a bare config.json: point at its weights
     map_lines = "\n".join(f"    {name!r}: {device!r}," for name, device in device_map.items())
     memory = ", ".join(
-        f"{device!r}: {_format_budget(nbytes)!r}" for device, nbytes in budgets.items()
+        f"{device!r}: {format_budget(nbytes)!r}" for device, nbytes in budgets.items()
     )
     dtype = _planning_dtype(opened)
     lines = [

@@ -20,6 +20,8 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from workbench.models.warmup import wait_for_warm_up
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "gpt2", "bert")
+# What ``make_demo(progress=...)`` reports, in order.
+DEMO_STAGES = ("writing tokenizer", "making random weights", "writing shards", "writing config")
 DEMO_NAME = "demo-llama-60m"
 HEAD_DIM = 64
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMB]?)\s*$", re.IGNORECASE)
@@ -184,6 +188,7 @@ def make_demo(
     seed: int = 0,
     *,
     overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Write a demo checkpoint folder (config, sharded safetensors + index, tokenizer).
 
@@ -198,9 +203,14 @@ def make_demo(
         dtype: stored dtype of the weights.
         seed: random seed for the weights.
         overwrite: replace an existing folder.
+        progress: called with each stage of ``DEMO_STAGES`` as it starts.
 
     Returns:
         The folder.
+
+    Warns:
+        UserWarning: when fewer shards than ``shards`` were written (a small model has too
+            few tensors to cut into that many files of roughly equal size).
 
     Raises:
         ModelSourceError: unknown arch, bad count or dtype, shards < 1, or a non-empty folder.
@@ -226,11 +236,23 @@ def make_demo(
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    stage = progress or (lambda _: None)
     try:
+        stage(DEMO_STAGES[0])
         token_ids = save_demo_tokenizer(staging, arch)
         config = demo_config(arch, target_params, token_ids, stored_dtype)
+        stage(DEMO_STAGES[1])
         state_dict = _random_state_dict(config, seed, stored_dtype)
+        stage(DEMO_STAGES[2])
         save_sharded_checkpoint(state_dict, staging, num_shards=shards)
+        written = len(list(staging.glob("*.safetensors")))
+        if written < shards:
+            warnings.warn(
+                f"asked for {shards} shards, but this {arch} demo ({len(state_dict)} tensors) "
+                f"splits into only {written} files of roughly equal size; wrote {written}",
+                stacklevel=2,
+            )
+        stage(DEMO_STAGES[3])
         config_data = config.to_diff_dict()
         config_data.pop("transformers_version", None)
         config_data["dtype"] = str(stored_dtype).removeprefix("torch.")

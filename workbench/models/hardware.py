@@ -17,8 +17,9 @@ under ``$XDG_CONFIG_HOME/model-memory-workbench/hardware/``)::
       ]
     }
 
-Memories accept bytes or strings (``"24GiB"``, ``"80GB"``); bandwidths are decimal GB/s;
-compute is dense 16-bit TFLOP/s.
+Memories accept bytes or strings (``"24GiB"``, ``"80GB"``) and must be above 0; bandwidths are
+decimal GB/s and compute is dense 16-bit TFLOP/s, both numbers above 0 (a disk may say 0). A
+device that leaves its speeds out gets typical values.
 
 Example:
     >>> profile = load_profile("rtx4090-64gb")  # doctest: +SKIP
@@ -28,10 +29,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,8 @@ DEFAULT_HOST_TO_DEVICE_GBPS = 25.0  # PCIe 4.0 x16 with pinned memory
 DEFAULT_DISK_READ_GBPS = 2.0  # a mid-range NVMe SSD
 DEFAULT_CPU_TFLOPS = 0.5
 DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS = 40.0
+GENERIC_GPU_TFLOPS = 100.0  # a GPU whose speed is not known
+GENERIC_GPU_BANDWIDTH_GBPS = 1000.0
 
 # Dense bf16 TFLOP/s and HBM GB/s of well-known GPUs, for detected hardware (matched by name).
 _KNOWN_GPUS: tuple[tuple[str, float, float], ...] = (
@@ -230,10 +236,21 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     )
 
 
+OFFLOAD_DIR_ENV = "WORKBENCH_OFFLOAD_DIR"
+
+
+def default_offload_root() -> Path:
+    """The folder offloaded weights go under: ``$WORKBENCH_OFFLOAD_DIR`` when set, else the
+    system temp folder (``tempfile.gettempdir()``), which is where loading makes its offload
+    folders; disk budgets are measured here."""
+    explicit = os.environ.get(OFFLOAD_DIR_ENV)
+    return Path(explicit).expanduser() if explicit else Path(tempfile.gettempdir())
+
+
 def detect_hardware(offload_folder: str | os.PathLike[str] | None = None) -> HardwareProfile:
     """Describe this machine: each CUDA device (total and free), CPU RAM, and the free disk
-    where ``offload_folder`` (or the current folder) lives. Bandwidths are typical values,
-    not measurements."""
+    where ``offload_folder`` (default: ``default_offload_root()``) lives; the disk's name says
+    which path was measured. Bandwidths are typical values, not measurements."""
     import psutil
     import torch
 
@@ -257,9 +274,10 @@ def detect_hardware(offload_folder: str | os.PathLike[str] | None = None) -> Har
             DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS,
         )
     )
-    disk_at = Path(offload_folder) if offload_folder is not None else Path.cwd()
+    disk_at = Path(offload_folder) if offload_folder is not None else default_offload_root()
+    disk_at = disk_at.expanduser().absolute()
     while not disk_at.exists() and disk_at != disk_at.parent:
-        disk_at = disk_at.parent
+        disk_at = disk_at.parent  # measure the filesystem the folder will be created on
     usage = shutil.disk_usage(disk_at)
     devices.append(DeviceSpec("disk", f"disk at {disk_at}", int(usage.total), int(usage.free)))
     return HardwareProfile(
@@ -274,7 +292,7 @@ def _known_gpu_speed(name: str) -> tuple[float, float]:
     for key, tflops, bandwidth in _KNOWN_GPUS:
         if key in upper:
             return tflops, bandwidth
-    return 100.0, 1000.0
+    return GENERIC_GPU_TFLOPS, GENERIC_GPU_BANDWIDTH_GBPS
 
 
 def _read_profile(path: Path) -> HardwareProfile:
@@ -288,8 +306,12 @@ def _read_profile(path: Path) -> HardwareProfile:
 def profile_from_dict(data: Any, *, source: Path | None = None) -> HardwareProfile:
     """Build a profile from JSON data (what ``HardwareProfile.to_dict`` writes).
 
+    Memories must be above 0 bytes, bandwidths and compute above 0 (a disk has neither compute
+    nor memory bandwidth, so 0 is allowed there). A device without speeds gets typical values.
+
     Raises:
-        ProfileError: naming the file (or "hardware profile data"), the device and the problem.
+        ProfileError: naming the file (or "hardware profile data"), the device, the field and
+            the problem.
     """
     where_file = f"hardware profile {source}" if source else "hardware profile data"
     if not isinstance(data, dict):
@@ -297,42 +319,82 @@ def profile_from_dict(data: Any, *, source: Path | None = None) -> HardwareProfi
     raw_devices = data.get("devices")
     if not isinstance(raw_devices, list) or not raw_devices:
         raise ProfileError(f"{where_file} needs a non-empty 'devices' list")
-    devices: list[DeviceSpec] = []
-    for position, raw in enumerate(raw_devices):
-        where = f"{where_file}, devices[{position}]"
-        if not isinstance(raw, dict) or "device" not in raw or "memory" not in raw:
-            raise ProfileError(f"{where} needs at least 'device' and 'memory'")
-        try:
-            device = normalize_device(raw["device"])
-            free = raw.get("free")
-            devices.append(
-                DeviceSpec(
-                    device=device,
-                    name=str(raw.get("name", device)),
-                    memory_bytes=convert_file_size_to_int(raw["memory"]),
-                    free_bytes=None if free is None else convert_file_size_to_int(free),
-                    compute_tflops=float(raw.get("compute_tflops", 0.0)),
-                    memory_bandwidth_gbps=float(raw.get("memory_bandwidth_gbps", 0.0)),
-                )
-            )
-        except (BadInputError, TypeError, ValueError) as exc:
-            raise ProfileError(f"{where}: {exc}") from exc
+    devices = [
+        _device_from_dict(raw, f"{where_file}, devices[{i}]") for i, raw in enumerate(raw_devices)
+    ]
     seen = [spec.device for spec in devices]
     duplicates = sorted({str(d) for d in seen if seen.count(d) > 1})
     if duplicates:
         raise ProfileError(f"{where_file} lists devices twice: {', '.join(duplicates)}")
     devices.sort(key=lambda spec: device_sort_key(spec.device))
+    return HardwareProfile(
+        name=str(data.get("name") or (source.stem if source else "custom")),
+        description=str(data.get("description", "")),
+        devices=tuple(devices),
+        host_to_device_gbps=_positive(
+            data, "host_to_device_gbps", DEFAULT_HOST_TO_DEVICE_GBPS, where_file
+        ),
+        disk_read_gbps=_positive(data, "disk_read_gbps", DEFAULT_DISK_READ_GBPS, where_file),
+        source=source,
+    )
+
+
+def _device_from_dict(raw: Any, where: str) -> DeviceSpec:
+    if not isinstance(raw, dict) or "device" not in raw or "memory" not in raw:
+        raise ProfileError(f"{where} needs at least 'device' and 'memory'")
     try:
-        return HardwareProfile(
-            name=str(data.get("name") or (source.stem if source else "custom")),
-            description=str(data.get("description", "")),
-            devices=tuple(devices),
-            host_to_device_gbps=float(data.get("host_to_device_gbps", DEFAULT_HOST_TO_DEVICE_GBPS)),
-            disk_read_gbps=float(data.get("disk_read_gbps", DEFAULT_DISK_READ_GBPS)),
-            source=source,
+        device = normalize_device(raw["device"])
+    except BadInputError as exc:
+        raise ProfileError(f"{where}: {exc}") from exc
+    memory_bytes = _memory(raw, "memory", where)
+    if memory_bytes == 0:
+        raise ProfileError(f"{where}: 'memory' must be above 0 bytes, got {raw['memory']!r}")
+    free_bytes = _memory(raw, "free", where) if raw.get("free") is not None else None
+    if device == "disk":
+        tflops = _positive(raw, "compute_tflops", 0.0, where, allow_zero=True)
+        bandwidth = _positive(raw, "memory_bandwidth_gbps", 0.0, where, allow_zero=True)
+    elif device == "cpu":
+        tflops = _positive(raw, "compute_tflops", DEFAULT_CPU_TFLOPS, where)
+        bandwidth = _positive(
+            raw, "memory_bandwidth_gbps", DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS, where
         )
-    except (TypeError, ValueError) as exc:
-        raise ProfileError(f"{where_file}: bad bandwidth value: {exc}") from exc
+    else:
+        tflops = _positive(raw, "compute_tflops", GENERIC_GPU_TFLOPS, where)
+        bandwidth = _positive(raw, "memory_bandwidth_gbps", GENERIC_GPU_BANDWIDTH_GBPS, where)
+    return DeviceSpec(
+        device=device,
+        name=str(raw.get("name", device)),
+        memory_bytes=memory_bytes,
+        free_bytes=free_bytes,
+        compute_tflops=tflops,
+        memory_bandwidth_gbps=bandwidth,
+    )
+
+
+def _memory(raw: dict[str, Any], key: str, where: str) -> int:
+    try:
+        return convert_file_size_to_int(raw[key])
+    except (BadInputError, TypeError, ValueError) as exc:
+        raise ProfileError(f"{where}: '{key}': {exc}") from exc
+
+
+def _positive(
+    data: dict[str, Any], key: str, default: float, where: str, *, allow_zero: bool = False
+) -> float:
+    """``data[key]`` as a finite number above 0 (or 0 with ``allow_zero``); ``default`` if absent."""
+    value = data.get(key)
+    if value is None:
+        return default
+    number = None
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError, ValueError):
+            number = float(value)
+    lowest = "0 or more" if allow_zero else "a number above 0"
+    if number is None or not math.isfinite(number):
+        raise ProfileError(f"{where}: '{key}' must be {lowest}, got {value!r}")
+    if number < 0 or (number == 0 and not allow_zero):
+        raise ProfileError(f"{where}: '{key}' must be {lowest}, got {value!r}")
+    return number
 
 
 def profile_for_budgets(
@@ -353,7 +415,12 @@ def profile_for_budgets(
             spec = replace(base.device(canonical), memory_bytes=int(nbytes), free_bytes=None)
         elif isinstance(canonical, int):
             spec = DeviceSpec(
-                canonical, f"GPU {canonical} (assumed)", int(nbytes), None, 100.0, 1000.0
+                canonical,
+                f"GPU {canonical} (assumed)",
+                int(nbytes),
+                None,
+                GENERIC_GPU_TFLOPS,
+                GENERIC_GPU_BANDWIDTH_GBPS,
             )
         elif canonical == "disk":
             spec = DeviceSpec("disk", "disk (assumed)", int(nbytes))

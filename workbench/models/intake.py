@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,27 @@ CONFIG_NAME = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # Fields that fix a model's size; transformers fills defaults silently, which would describe a
-# different model, so a config.json must state them (or their alias, e.g. GPT-2's n_embd).
-REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size")
+# different model, so a config.json must state each one its config class defines with a
+# default (or its alias, e.g. GPT-2's n_embd). A field whose default is None is derived from the
+# others (GPT-2's n_inner = 4 * n_embd), so leaving it out is normal.
+REQUIRED_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "vocab_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_local_experts",
+    "num_experts",
+    "moe_intermediate_size",
+)
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+# What ``open_model(progress=...)`` reports, in order.
+OPEN_STAGES = (
+    "reading config",
+    "building empty model",
+    "reading checkpoint headers",
+    "building module tree",
+)
 
 
 @dataclass
@@ -63,7 +81,9 @@ class OpenedModel:
         config_path: the ``config.json`` read.
         model_class: the transformers class built (``"LlamaForCausalLM"``).
         planning_dtype: the dtype the tree counts floating weights in (``None`` = as stored).
-        tied_weight_keys: the class's declared tied keys (``_tied_weights_keys``).
+        tied_weight_keys: tensor names that share another tensor in the built model (the
+            later name of each tied group, e.g. GPT-2's ``lm_head.weight``), sorted; empty for
+            an untied model even when its class declares ``_tied_weights_keys``.
         missing_keys: model tensors the checkpoint lacks (tied aliases and non-persistent
             buffers excluded), sorted.
         unexpected_keys: checkpoint tensors the model does not have, sorted.
@@ -107,6 +127,27 @@ class OpenedModel:
             tree=_tree_for(self.model, self.checkpoint, planning, self.no_split_modules),
             planning_dtype=planning,
         )
+
+    def module_sizes(self, dtype: str | torch.dtype | None = None) -> dict[str, int]:
+        """Return the bytes to plan with per module and tensor name (``""`` = total).
+
+        Exactly what the tree reports: checkpoint header sizes when the folder holds weights
+        (a mixed fp32/fp16 checkpoint counts each tensor as stored), else the config's dtype.
+        Pass it as ``module_sizes=`` to the planner so the plan and the tree agree.
+
+        Args:
+            dtype: count floating weights in this dtype instead; ``None`` keeps the tree's
+                ``planning_dtype``.
+
+        Example:
+            >>> opened = open_model("demo")  # doctest: +SKIP
+            >>> opened.module_sizes()[""] == opened.tree.root.nbytes
+            True
+        """
+        planning = parse_dtype(dtype)
+        if planning is None or planning == self.planning_dtype:
+            return self.tree.module_sizes()
+        return self.with_dtype(planning).tree.module_sizes()
 
 
 def resolve_source(source: str | os.PathLike[str]) -> tuple[Path, Path | None]:
@@ -155,6 +196,7 @@ def open_model(
     source: str | os.PathLike[str],
     *,
     dtype: str | torch.dtype | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> OpenedModel:
     """Open ``source`` as an empty-weight model with its tree (see the module docs).
 
@@ -162,6 +204,8 @@ def open_model(
         source: a ``config.json``, a model folder, ``hf-cache:org/name`` or a bundled name.
         dtype: planning dtype for floating weights; ``None`` counts them as stored (or as
             declared when there are no weights).
+        progress: called with each stage of ``OPEN_STAGES`` as it starts (a folder without
+            weights skips ``"reading checkpoint headers"``).
 
     Returns:
         An ``OpenedModel``.
@@ -171,12 +215,15 @@ def open_model(
             fields, or transformers failing to build the class (named).
         CheckpointError: a corrupt or incomplete checkpoint in the folder.
     """
+    stage = progress or (lambda _: None)
     planning = parse_dtype(dtype)
+    stage(OPEN_STAGES[0])
     config_path, folder = resolve_source(source)
     data = read_config(config_path)
     wait_for_warm_up()  # never import transformers alongside a warm-up thread
     config = build_config(data, config_path)
     declared = declared_dtype(config)
+    stage(OPEN_STAGES[1])
     start = time.perf_counter()
     model, class_name = build_empty_model(config, config_path)
     build_s = time.perf_counter() - start
@@ -184,8 +231,10 @@ def open_model(
     if folder is not None and _has_weights(folder):
         from workbench.big_modeling.checkpoint import CheckpointIndex
 
+        stage(OPEN_STAGES[2])
         checkpoint = CheckpointIndex.from_path(folder)
     no_split = sorted(getattr(model, "_no_split_modules", None) or [])
+    stage(OPEN_STAGES[3])
     tree = _tree_for(model, checkpoint, planning, no_split)
     missing, unexpected = _compare_keys(model, tree, checkpoint)
     if missing or unexpected:
@@ -195,7 +244,6 @@ def open_model(
             len(missing),
             len(unexpected),
         )
-    tied_keys = getattr(model, "_tied_weights_keys", None) or []
     return OpenedModel(
         source=os.fspath(source),
         config=config,
@@ -210,7 +258,7 @@ def open_model(
         config_path=config_path,
         model_class=class_name,
         planning_dtype=planning,
-        tied_weight_keys=sorted(tied_keys),
+        tied_weight_keys=_tied_aliases(tree),
         missing_keys=missing,
         unexpected_keys=unexpected,
         build_s=build_s,
@@ -369,13 +417,18 @@ def _missing_required(data: dict[str, Any], config_class: Any) -> list[str]:
     except Exception:
         return []
     missing = []
+    reported: set[str] = set()
     for name in REQUIRED_FIELDS:
-        if not hasattr(defaults, name):
+        if name in reported or getattr(defaults, name, None) is None:
             continue
-        if name in data or aliases.get(name) in data:
+        # attribute_map maps a JSON key to the attribute that stores it, in either direction
+        # (GPT-2's hidden_size -> n_embd; Mixtral's num_experts -> num_local_experts)
+        same = [name, *(a for a, b in aliases.items() if name in (a, b) and a != name)]
+        same += [b for a, b in aliases.items() if a == name and b not in same]
+        reported.update(same)
+        if any(key in data for key in same):
             continue
-        alias = aliases.get(name)
-        missing.append(f"{name} (or {alias})" if alias else name)
+        missing.append(f"{name} (or {', '.join(same[1:])})" if len(same) > 1 else name)
     return sorted(missing)
 
 
@@ -395,6 +448,13 @@ def _tree_for(
         stored_nbytes=stored_nbytes,
         stored_dtypes=stored_dtypes,
         no_split_classes=no_split,
+    )
+
+
+def _tied_aliases(tree: ModuleTree) -> list[str]:
+    """The names of each tied group other than the one the tree counts the tensor under."""
+    return sorted(
+        name for group in tree.tied_groups for name in group if name not in tree.tensor_nbytes
     )
 
 

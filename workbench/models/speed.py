@@ -21,6 +21,11 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
     per-token decode time = sum of decode layer times;  tokens_per_s = B / that time
     ttft_s                = sum of prefill layer times + one decode step
 
+The one-word ``bottleneck`` names what most of the step waits for: the slowest link
+(``"disk"`` or ``"host-to-device"``) when transfers outweigh compute; else ``"memory"`` when the
+layers whose weight-read time ``W / (M * mbu)`` exceeds their FLOP time ``2 N B / (F * mfu)``
+hold most of the compute time (decode at batch 1 almost always is), else ``"compute"``.
+
 ``F`` is the device's dense 16-bit TFLOP/s, ``M`` its memory bandwidth, ``BW_*`` the profile's
 link bandwidths, all in decimal units; ``mfu`` (0.5) and ``mbu`` (0.8) are the fractions of
 peak that real kernels reach.
@@ -70,6 +75,8 @@ class LayerPrediction:
         execution_device: where it runs.
         prefill_compute_s: seconds of compute for the whole prompt.
         time_s: the layer's contribution to one decode step (overlapped or summed).
+        memory_bound: whether reading its weights from device memory takes longer than its
+            decode FLOPs (``W / (M mbu) > 2 N B / (F mfu)``).
     """
 
     name: str
@@ -80,6 +87,7 @@ class LayerPrediction:
     execution_device: int | str = "cpu"
     prefill_compute_s: float = 0.0
     time_s: float = 0.0
+    memory_bound: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,7 @@ def predict_speed(
                 execution_device=execution,
                 prefill_compute_s=prefill_compute_s,
                 time_s=time_s,
+                memory_bound=weight_read_s > flops / flops_per_s,
             )
         )
     if uncovered:
@@ -248,7 +257,8 @@ def _bottleneck(layers: list[LayerPrediction], transfer_s: float, compute_s: flo
     if transfer_s > compute_s:
         disk_s = sum(layer.transfer_s for layer in layers if layer.device == "disk")
         return "disk" if disk_s > transfer_s / 2 else "host-to-device"
-    return "compute"
+    memory_s = sum(layer.compute_s for layer in layers if layer.memory_bound)
+    return "memory" if memory_s > compute_s / 2 else "compute"
 
 
 def _iter_layers(root: ModuleNode) -> list[ModuleNode]:
