@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,69 @@ def test_run_through_the_worker_prints_text_speed_and_transfers(
     assert "weight transfers in the last forward (per device-map entry):" in out
     assert "model.layers.1" in out and "disk -> cpu" in out
     assert multiprocessing.active_children() == []  # the worker was shut down and joined
+
+
+def _run_human(folder: Path, map_file: Path, *extra: str) -> int:
+    return main(
+        [
+            "run",
+            str(folder),
+            "--device-map",
+            str(map_file),
+            "--max-new-tokens",
+            "2",
+            "--dtype",
+            "float32",
+            *extra,
+        ]
+    )
+
+
+def test_run_human_output_prints_the_verify_line_and_progress_on_stderr(
+    demo: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, map_file = demo
+    code = _run_human(folder, map_file, "--prompt", "The planner", "--verify", "--in-process")
+    captured = capsys.readouterr()
+    assert code == 0, captured
+    assert "verify: identical to cpu (transformers from_pretrained, no dispatch)" in captured.out
+    assert "max abs diff 0" in captured.out
+    # the progress bar (tqdm) goes to stderr, with each phase of the load; stdout stays clean
+    for phase in ("building", "loading", "dispatching"):
+        assert phase in captured.err, captured.err
+    assert "building" not in captured.out and "\r" not in captured.out
+
+
+def test_run_exits_1_when_verify_finds_a_difference(
+    demo: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    source, map_file = demo
+    folder = Path(shutil.copytree(source, tmp_path / "corrupt"))
+    shard = next(
+        p for p in sorted(folder.glob("*.safetensors")) if "model.norm.weight" in load_file(str(p))
+    )
+    tensors = load_file(str(shard))
+    tensors["model.norm.weight"][0] = float("nan")  # a corrupt weight: every logit turns NaN
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    code = _run_human(folder, map_file, "--verify", "--in-process")
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "verify: DIFFERENT (non-finite outputs) to cpu" in out
+
+
+@pytest.mark.slow
+def test_run_warns_when_the_prompt_is_ignored_for_lack_of_a_tokenizer(
+    demo: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, map_file = demo
+    folder = Path(shutil.copytree(source, tmp_path / "no-tokenizer"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    code = _run_human(folder, map_file, "--prompt", "Once upon a time")  # through the worker
+    captured = capsys.readouterr()
+    assert code == 0, captured
+    assert "worker: " in captured.err and "the prompt is ignored" in captured.err, captured.err
+    assert "has no tokenizer" in captured.err
+    assert "2 tokens from a 8-token prompt" in captured.out  # the seeded synthetic ids

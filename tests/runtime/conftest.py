@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from workbench.runtime.protocol import Event
@@ -54,14 +55,32 @@ class EventLog:
         )
 
 
+def zombie_children() -> list[psutil.Process]:
+    """This process's children that exited but were never reaped (waited for)."""
+    zombies = []
+    for child in psutil.Process().children(recursive=False):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                zombies.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return zombies
+
+
 @pytest.fixture(autouse=True)
 def no_stray_processes() -> Iterator[None]:
-    """Fail any test that leaves a worker (or any child) process running."""
+    """Fail any test that leaves a zombie or a worker (or any child) process running.
+
+    Zombies are looked for first: ``multiprocessing.active_children()`` reaps finished
+    children itself, so calling it first would hide them.
+    """
     yield
-    children = multiprocessing.active_children()  # also joins finished ones: no zombies
+    zombies = [z.pid for z in zombie_children()]
+    children = multiprocessing.active_children()  # reaps what is left, for the next test
     for child in children:
         child.kill()
         child.join()
+    assert not zombies, f"test left zombie processes (never reaped): {zombies}"
     assert not children, f"test left processes running: {children}"
 
 

@@ -154,3 +154,23 @@ def test_assign_splits_a_covering_entry_using_the_tree(demo_dir: Path) -> None:
     check_device_map(session.opened.model, new_map)  # covers every tensor, no overlaps
     session.set_device_map(previous, reason="undo")
     assert session.device_map == {"": "cpu"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("source", 123, '"source" must be a string or null, got int 123'),
+        ("device_map", ["model"], '"device_map" must be an object'),
+        ("budgets", [["cpu"]], '"budgets" item 0 must be a [device, bytes] pair'),
+        ("reserve", "1GiB", '"reserve" must be an integer'),
+    ],
+)
+def test_restore_names_a_field_of_the_wrong_type(
+    tmp_path: Path, field: str, value: object, expected: str
+) -> None:
+    path = tmp_path / "bad.json"
+    document = {"format": "workbench-session", "version": 1, field: value}
+    path.write_text(json.dumps(document))
+    with pytest.raises(SessionFileError) as info:
+        Session.restore(path)
+    assert str(path) in str(info.value) and expected in str(info.value)

@@ -178,3 +178,18 @@ def test_transfer_history_is_bounded_and_keeps_last_forward() -> None:
     assert [t.module for t in history.last_forward()] == history.module_names()
     rows = history.events.snapshot()
     assert rows[-1, 0] == 499 and history.module_name(int(rows[-1, 1])) == "model.layers.3"
+
+
+def test_transfer_history_reset_forgets_names_so_loads_do_not_grow_it() -> None:
+    history = TransferHistory(capacity=100)
+    for load in range(3):  # a model with other module names at each load
+        history.reset()
+        events = tuple(
+            _event(f"model{load}.layers.{i}", "transfer", 0.0, 0.001, 1000) for i in range(4)
+        )
+        history.add(TransferBatch(request_id=load, forward_index=0, events=events))
+        assert history.module_names() == [f"model{load}.layers.{i}" for i in range(4)]
+        assert len(history.events) == 4
+    history.reset()
+    assert history.module_names() == [] and history.last_forward() == ()
+    assert history.last_forward_index == -1 and len(history.events) == 0

@@ -33,13 +33,18 @@ def _held(request_id: int):
     return lambda e: isinstance(e, Phase) and e.request_id == request_id and e.phase == "held"
 
 
+def _runs(items: list[str]) -> list[str]:
+    """``items`` with consecutive repeats collapsed: a, a, b, a -> a, b, a."""
+    return [x for i, x in enumerate(items) if i == 0 or items[i - 1] != x]
+
+
 def _states(events: Any) -> list[str]:
     return [e.state for e in events.of("StateChanged") if isinstance(e, StateChanged)]
 
 
 @pytest.mark.slow
 def test_load_generate_and_verify_through_the_worker(
-    host: WorkerHost, events: Any, demo_dir: Path, cpu_disk_map: dict
+    host: WorkerHost, events: Any, demo_dir: Path, cpu_disk_map: dict, demo_config: dict
 ) -> None:
     load_id = host.load(demo_dir, cpu_disk_map, dtype="float32")
     assert host.state == "loading"
@@ -59,6 +64,10 @@ def test_load_generate_and_verify_through_the_worker(
     done = [p.bytes_done for p in progress]
     assert done == sorted(done)
     assert progress[-1].bytes_done == progress[-1].bytes_total == summary.bytes_total
+    phases = [e.phase for e in events.of("Phase") if e.request_id == load_id]
+    assert phases == ["building", "loading", "dispatching", "ready"]
+    progress_phases = [p.phase for p in progress]
+    assert _runs(progress_phases) == ["building", "loading", "dispatching"], progress_phases
 
     infer_id = host.infer("The planner", max_new_tokens=6)
     result = events.final(infer_id)
@@ -74,6 +83,13 @@ def test_load_generate_and_verify_through_the_worker(
     streamed_in = {name.split(".")[2] for name, dev in cpu_disk_map.items() if dev == "disk"}
     assert {t.module.split(".")[2] for t in disk_layers} == streamed_in  # every disk layer
     assert all(t.transfer_s > 0 for t in disk_layers)
+    # every timed block (a decoder layer) computed for a measurable time
+    blocks = {f"model.layers.{i}" for i in range(demo_config["num_hidden_layers"])}
+    timed = {t.module: t.compute_s for t in value.per_layer if t.module in blocks}
+    assert set(timed) == blocks and all(s > 0 for s in timed.values()), timed
+    # per_layer covers the last forward only: each disk weight was streamed in exactly once
+    assert sum(t.nbytes for t in disk_layers) == summary.nbytes_by_device["disk"]
+    assert len({t.module for t in value.per_layer}) == len(value.per_layer)
     assert "tokens_per_s" in value.predicted  # the speed model's figure, stored beside ours
     assert host.transfers.last_forward(), "transfer history not fed"
     assert len(host.memory.host) > 0, "no telemetry samples arrived"
@@ -151,6 +167,10 @@ def test_worker_death_and_unanswered_cancel_are_reported_and_recovered(
     assert "killed by signal 9" in exited.message
     failed = events.final(load_id)
     assert isinstance(failed, Failed) and failed.kind == "worker_died"
+    assert "killed by signal 9 (SIGKILL)" in failed.details, failed.details
+    assert "last phase: held" in failed.details
+    last = [e for e in events.of("Progress") if e.request_id == load_id][-1]
+    assert f"last tensor: {last.tensor}" in failed.details and last.tensor
     assert host.state == "stopped" and host.pid is None
     assert not folder.exists()
 

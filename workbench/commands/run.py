@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
+import math
 import queue
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from workbench.runtime.protocol import (
     Failed,
     InferenceResult,
     LoadSummary,
+    Log,
     Progress,
     Result,
     TokenStreamed,
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             report["verify"] = _as_json(verified)
             printer.verify(verified)
     finally:
+        printer.close_bar()
         runner.close()
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -122,9 +125,10 @@ class _InProcess(_Runner):
 
     def __init__(self, printer: _Printer) -> None:
         from workbench.runtime.jobs import JobRunner
+        from workbench.runtime.offload_folders import new_offload_folder
 
         self._runner = JobRunner(printer.event)
-        self._folder = tempfile.TemporaryDirectory(prefix="workbench-offload-")
+        self._folder = new_offload_folder(None)
         self._next = 0
 
     def _run(self, request_type: Callable[..., Any], **fields: Any) -> Any:
@@ -141,7 +145,7 @@ class _InProcess(_Runner):
             source=source,
             device_map=device_map,
             dtype=dtype,
-            offload_folder=self._folder.name,
+            offload_folder=str(self._folder),
         )
 
     def infer(
@@ -157,8 +161,10 @@ class _InProcess(_Runner):
         return self._run(Verify, prompt=prompt, mode=mode)
 
     def close(self) -> None:
+        import shutil
+
         self._runner.close()
-        self._folder.cleanup()
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 class _ThroughWorker(_Runner):
@@ -202,11 +208,13 @@ class _ThroughWorker(_Runner):
 
 
 class _Printer:
-    """Human output: a progress bar on stderr, streamed text and a summary on stdout."""
+    """Human output: a progress bar and warnings on stderr, streamed text and a summary on
+    stdout."""
 
     def __init__(self, *, json_mode: bool) -> None:
         self.json_mode = json_mode
         self._bar: Any = None
+        self._phase = ""
         self.device_map: dict[str, Any] = {}
 
     def event(self, event: Event) -> None:
@@ -214,6 +222,8 @@ class _Printer:
             return
         if isinstance(event, Progress):
             self._progress(event)
+        elif isinstance(event, Log) and event.level >= logging.WARNING:
+            print(f"worker: {event.message}", file=sys.stderr)
         elif isinstance(event, TokenStreamed):
             sys.stdout.write(event.text)
             sys.stdout.flush()
@@ -223,17 +233,27 @@ class _Printer:
             from tqdm import tqdm
 
             self._bar = tqdm(
-                total=event.bytes_total, unit="B", unit_scale=True, desc="loading", file=sys.stderr
+                total=event.bytes_total,
+                unit="B",
+                unit_scale=True,
+                desc=event.phase,
+                file=sys.stderr,
             )
-        self._bar.set_description(event.phase)
+        if self._bar.total != event.bytes_total:
+            self._bar.total = event.bytes_total
         self._bar.update(event.bytes_done - self._bar.n)
-        if event.bytes_done >= event.bytes_total:
-            self._bar.close()
+        if self._phase != event.phase:  # each phase is drawn at least once
+            self._phase = event.phase
+            self._bar.set_description(event.phase)
 
-    def loaded(self, summary: LoadSummary) -> None:
+    def close_bar(self) -> None:
+        """End the progress bar (the load finished or failed)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+    def loaded(self, summary: LoadSummary) -> None:
+        self.close_bar()
         if self.json_mode:
             return
         self.device_map = dict(summary.device_map)
@@ -247,10 +267,14 @@ class _Printer:
             return
         print()
         predicted = result.predicted
-        print(
-            f"{result.new_tokens} tokens from a {result.prompt_tokens}-token prompt: "
-            f"{result.tokens_per_s:.2f} tokens/s, time to first token {result.ttft_s * 1000:.1f} ms"
-        )
+        if result.prompt_tokens == 0 and result.new_tokens == 0:  # a synthetic non-text input
+            print(f"one forward on a synthetic input: {result.ttft_s * 1000:.1f} ms")
+        else:
+            print(
+                f"{result.new_tokens} tokens from a {result.prompt_tokens}-token prompt: "
+                f"{result.tokens_per_s:.2f} tokens/s, "
+                f"time to first token {result.ttft_s * 1000:.1f} ms"
+            )
         if predicted:
             print(
                 f"predicted: {predicted['tokens_per_s']:.2f} tokens/s, "
@@ -274,9 +298,14 @@ class _Printer:
     def verify(self, result: VerifyResult) -> None:
         if self.json_mode:
             return
-        verdict = (
-            "identical" if result.exact else ("within tolerance" if result.passed else "DIFFERENT")
-        )
+        if result.exact:
+            verdict = "identical"
+        elif result.passed:
+            verdict = "within tolerance"
+        elif not math.isfinite(result.max_abs_diff):
+            verdict = "DIFFERENT (non-finite outputs)"
+        else:
+            verdict = "DIFFERENT"
         where = f" (largest in {result.worst_module})" if result.worst_module else ""
         print(
             f"verify: {verdict} to {result.reference}; max abs diff {result.max_abs_diff:.3g}"

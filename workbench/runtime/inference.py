@@ -2,7 +2,8 @@
 
 Causal LMs generate ``max_new_tokens`` tokens greedily with a KV cache, one ``TokenStreamed``
 event per token and one ``TransferBatch`` per forward. Other models run one forward on the
-tokenized prompt (or seeded synthetic token ids). The result carries time to first token,
+tokenized prompt (or seeded synthetic token ids), and models that take no text on a synthetic
+input of the shape their config declares (``model_inputs``). The result carries time to first token,
 tokens/s, the last forward's per-layer transfer and compute times, and the speed model's
 prediction for the same plan.
 """
@@ -21,12 +22,24 @@ import torch
 from workbench.big_modeling.devices import to_torch_device
 from workbench.big_modeling.progress import CancelToken
 from workbench.big_modeling.transfers import TransferEvent, recording_transfers
+from workbench.runtime.model_inputs import (
+    SYNTHETIC_SEED,
+    accepts,
+    prepare_input_ids,
+    prepare_inputs,
+)
 from workbench.runtime.protocol import Event, Infer, InferenceResult, Phase, TokenStreamed
 from workbench.runtime.telemetry import TransferRecorder, summarize_layers
 
 logger = logging.getLogger(__name__)
 
-SYNTHETIC_SEED = 0
+__all__ = [
+    "SYNTHETIC_SEED",
+    "execution_device",
+    "prepare_input_ids",
+    "prepare_inputs",
+    "run_inference",
+]
 
 
 def execution_device(device_map: dict[str, int | str]) -> torch.device:
@@ -37,20 +50,6 @@ def execution_device(device_map: dict[str, int | str]) -> torch.device:
     if "mps" in device_map.values():
         return torch.device("mps")
     return torch.device("cpu")
-
-
-def prepare_input_ids(loaded: Any, prompt: str | None, synthetic_tokens: int) -> torch.Tensor:
-    """Tokenize ``prompt`` with the model's tokenizer, or make seeded random ids. Shape (1, T)."""
-    tokenizer = loaded.tokenizer
-    if prompt and tokenizer is not None:
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-        if ids.shape[-1] > 0:
-            return ids.to(torch.long)
-    config = getattr(loaded.model, "config", None)
-    vocab = int(getattr(config, "vocab_size", 0) or 1000)
-    count = max(1, int(synthetic_tokens))
-    generator = torch.Generator().manual_seed(SYNTHETIC_SEED)
-    return torch.randint(0, vocab, (1, count), generator=generator, dtype=torch.long)
 
 
 class ComputeTimer:
@@ -137,13 +136,6 @@ def cache_argument(model: torch.nn.Module) -> tuple[str, str]:
     return "past_key_values", "past_key_values"
 
 
-def _accepts(model: torch.nn.Module, name: str) -> bool:
-    try:
-        return name in inspect.signature(type(model).forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def run_inference(
     loaded: Any, request: Infer, token: CancelToken, emit: Callable[[Event], None]
 ) -> InferenceResult:
@@ -154,12 +146,12 @@ def run_inference(
     """
     rid = request.request_id
     start_s = time.perf_counter()
-    input_ids = prepare_input_ids(loaded, request.prompt, request.synthetic_tokens)
-    input_ids = input_ids.to(execution_device(loaded.device_map))
-    prompt_tokens = int(input_ids.shape[-1])
+    inputs = prepare_inputs(loaded, request.prompt, request.synthetic_tokens)
+    inputs = inputs.to(execution_device(loaded.device_map))
+    prompt_tokens = inputs.tokens
     recorder = TransferRecorder()
     model = loaded.model
-    generate = loaded.summary.is_causal_lm and request.max_new_tokens > 0
+    generate = loaded.summary.is_causal_lm and inputs.text and request.max_new_tokens > 0
     emit(Phase(rid, "generating" if generate else "forward"))
     new_ids: list[int] = []
     text = streamed = ""
@@ -167,15 +159,15 @@ def run_inference(
     first_token_s = last_token_s = 0.0
     with torch.inference_mode(), _recording(loaded, recorder):
         if not generate:
-            model(input_ids=input_ids)
+            model(**inputs.kwargs)
             batch = recorder.drain(rid, 0)
             emit(batch)
             events = batch.events
             first_token_s = last_token_s = time.perf_counter()
         else:
-            ids, past = input_ids, None
+            ids, past = inputs.main, None
             cache_kw, cache_attr = cache_argument(model)
-            extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+            extra = {"logits_to_keep": 1} if accepts(model, "logits_to_keep") else {}
             for step in range(request.max_new_tokens):
                 token.raise_if_cancelled()
                 out = model(input_ids=ids, **{cache_kw: past}, use_cache=True, **extra)
@@ -205,8 +197,8 @@ def run_inference(
         tokens_per_s = (len(new_ids) - 1) / max(last_token_s - first_token_s, 1e-9)
     elif generate:
         tokens_per_s = 1.0 / max(ttft_s, 1e-9)
-    else:
-        tokens_per_s = prompt_tokens / max(ttft_s, 1e-9)
+    else:  # one forward: prompt tokens per second, or forwards per second for non-text input
+        tokens_per_s = max(prompt_tokens, 1) / max(ttft_s, 1e-9)
     return InferenceResult(
         text=text,
         prompt_tokens=prompt_tokens,

@@ -2,8 +2,11 @@
 
 A ``JobRunner`` holds at most one loaded model. ``run(request, token)`` executes one request,
 sending events through ``emit`` (progress throttled to ~20 Hz) and ending with exactly one
-``Result`` or ``Failed``. Jobs check the ``CancelToken`` between tensors (loading) and between
-tokens (generation). ``iter_job`` wraps a run as a generator of events.
+``Result`` or ``Failed`` (whose ``details`` say where the job got to, with the traceback). A
+load reports the phases building, loading, dispatching and ready. Jobs check the
+``CancelToken`` while the model is built, between tensors, before dispatch and before the
+tokenizer (loading) and between tokens (generation). ``iter_job`` wraps a run as a generator
+of events.
 
 Example:
     >>> runner = JobRunner(print)  # doctest: +SKIP
@@ -120,6 +123,48 @@ class ProgressThrottle:
         )
 
 
+class JobTrace:
+    """Where a job got to: its last phase, the last tensor and bytes of its progress."""
+
+    def __init__(self) -> None:
+        self.phase = ""
+        self.tensor = ""
+        self.bytes_done = 0
+        self.bytes_total = 0
+
+    def see(self, event: Event) -> None:
+        if isinstance(event, Phase):
+            self.phase = event.phase
+        elif isinstance(event, Progress):
+            self.phase = event.phase or self.phase
+            self.tensor = event.tensor or self.tensor
+            self.bytes_done, self.bytes_total = event.bytes_done, event.bytes_total
+
+    def describe(self) -> str:
+        """One line per fact, for ``Failed.details`` (empty when nothing was seen)."""
+        lines = []
+        if self.phase:
+            lines.append(f"last phase: {self.phase}")
+        if self.tensor:
+            lines.append(f"last tensor: {self.tensor}")
+        if self.bytes_total:
+            lines.append(f"bytes loaded: {self.bytes_done} of {self.bytes_total}")
+        return "\n".join(lines)
+
+
+def _failure(request: Request, exc: Exception, trace: JobTrace) -> Failed:
+    """The ``Failed`` event for ``exc``: its category, a message, and details to act on."""
+    where = trace.describe()
+    details = "\n\n".join(part for part in (where, traceback.format_exc().rstrip()) if part)
+    if isinstance(exc, LoadCancelled):
+        message, kind = f"{request.kind} cancelled: {exc}", "cancelled"
+    elif isinstance(exc, (BadInputError, FileNotFoundError, NotADirectoryError)):
+        message, kind = str(exc), "bad_input"
+    else:
+        message, kind = f"{request.kind} failed: {type(exc).__name__}: {exc}", "error"
+    return Failed(request.request_id, message, details=details, kind=kind, job=request.kind)
+
+
 class JobRunner:
     """Runs requests one at a time against the model it holds.
 
@@ -132,11 +177,21 @@ class JobRunner:
         self.loaded: LoadedModel | None = None
 
     def run(self, request: Request, token: CancelToken) -> Event:
-        """Execute ``request``; emit and return its final ``Result`` or ``Failed`` event."""
+        """Execute ``request``; emit and return its final ``Result`` or ``Failed`` event.
+
+        Every ``Failed`` carries ``details``: where the job was (its last phase, tensor and
+        bytes) and the traceback.
+        """
+        trace = JobTrace()
+
+        def emit(event: Event) -> None:
+            trace.see(event)
+            self.emit(event)
+
         try:
             if isinstance(request, Load):
                 self.unload()
-                self.loaded = load_model(request, token, self.emit)
+                self.loaded = load_model(request, token, emit)
                 final: Event = Result(request.request_id, "load", self.loaded.summary)
             elif isinstance(request, Unload):
                 self.unload()
@@ -149,41 +204,20 @@ class JobRunner:
                 if isinstance(request, Infer):
                     from workbench.runtime.inference import run_inference
 
-                    value: Any = run_inference(self.loaded, request, token, self.emit)
+                    value: Any = run_inference(self.loaded, request, token, emit)
                 else:
                     from workbench.runtime.verify import run_verify
 
-                    value = run_verify(self.loaded, request, token, self.emit)
+                    value = run_verify(self.loaded, request, token, emit)
                 final = Result(request.request_id, request.kind, value)
             else:
                 raise BadInputError(f"the worker does not run {type(request).__name__} requests")
-        except LoadCancelled as exc:
-            if isinstance(request, Load):
-                self.unload()
-            final = Failed(
-                request.request_id,
-                f"{request.kind} cancelled: {exc}",
-                kind="cancelled",
-                job=request.kind,
-            )
-        except BadInputError as exc:
-            if isinstance(request, Load):
-                self.unload()
-            final = Failed(request.request_id, str(exc), kind="bad_input", job=request.kind)
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            if isinstance(request, Load):
-                self.unload()
-            final = Failed(request.request_id, str(exc), kind="bad_input", job=request.kind)
         except Exception as exc:
-            logger.debug("%s failed", request.kind, exc_info=True)
+            if not isinstance(exc, LoadCancelled):
+                logger.debug("%s failed", request.kind, exc_info=True)
             if isinstance(request, Load):
                 self.unload()
-            final = Failed(
-                request.request_id,
-                f"{request.kind} failed: {type(exc).__name__}: {exc}",
-                details=traceback.format_exc(),
-                job=request.kind,
-            )
+            final = _failure(request, exc, trace)
         self.emit(final)
         return final
 
@@ -237,24 +271,29 @@ def iter_job(runner: JobRunner, request: Request, token: CancelToken) -> Iterato
 def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None]) -> LoadedModel:
     """Open ``request.source``, build it empty, load its checkpoint and dispatch it.
 
+    Phases (as ``Phase`` events and in ``Progress.phase``): building, loading, dispatching
+    (hooks, then the tokenizer), ready. The cancel token is checked while the model is built,
+    between tensors, before dispatch and before the tokenizer load.
+
     Raises:
-        LoadCancelled: when ``token`` is cancelled (between tensors).
+        LoadCancelled: when ``token`` is cancelled.
         BadInputError: for a source without a checkpoint, a bad map, a corrupt checkpoint.
     """
-    from workbench.big_modeling import load_checkpoint_and_dispatch
-    from workbench.models import open_model
+    from workbench.big_modeling import dispatch_model, load_checkpoint_in_model
+    from workbench.big_modeling.load_plan import normalize_device_map
 
     rid = request.request_id
     start_s = time.perf_counter()
     dtype = _torch_dtype(request.dtype)
     emit(Phase(rid, "building"))  # read the config, build the empty model
-    opened = open_model(request.source, dtype=dtype)
-    token.raise_if_cancelled()
+    opened = open_model_cancellable(request.source, dtype, token)
     if opened.checkpoint is None:
         raise BadInputError(
             f"{request.source}: has no weights (no safetensors or .bin checkpoint); "
             "loading needs a model folder with weights, not just a config.json"
         )
+    total = int(getattr(opened.checkpoint, "total_nbytes", 0) or 0)
+    emit(Progress(rid, 0, total, phase="building"))
     emit(Phase(rid, "loading"))
     throttle = ProgressThrottle(emit, rid)
     throttle.on_tensor = _make_hold(request, token, emit, before=throttle.flush)
@@ -268,22 +307,28 @@ def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None])
     offload_folder = request.offload_folder
     if offload_folder is not None:
         Path(offload_folder).mkdir(parents=True, exist_ok=True)
-    model = load_checkpoint_and_dispatch(
+    # load_checkpoint_and_dispatch in two steps, so dispatch is a phase of its own
+    load_checkpoint_in_model(
         model,
         _checkpoint_path(opened),
         device_map=device_map,
         offload_folder=offload_folder,
         dtype=dtype,
-        no_split_module_classes=list(opened.no_split_modules) or None,
+        offload_state_dict="disk" in normalize_device_map(device_map).values(),
         progress=progress,
         cancel=token,
     )
     throttle.flush()
     token.raise_if_cancelled()
+    done = throttle.last.bytes_done if throttle.last is not None else total
+    emit(Phase(rid, "dispatching"))
+    throttle(LoadProgress(done, total, "", "dispatching"))
+    model = dispatch_model(model, device_map=device_map, offload_dir=offload_folder)
     model.eval()
-    emit(Phase(rid, "ready"))
+    token.raise_if_cancelled()
     tokenizer = _load_tokenizer(opened)
-    total = int(getattr(opened.checkpoint, "total_nbytes", 0) or 0)
+    token.raise_if_cancelled()
+    emit(Phase(rid, "ready"))
     summary = LoadSummary(
         source=str(request.source),
         model_class=type(model).__name__,
@@ -295,6 +340,45 @@ def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None])
         has_tokenizer=tokenizer is not None,
     )
     return LoadedModel(request, opened, model, device_map, summary, tokenizer)
+
+
+_OPEN_LOCK = threading.Lock()  # one open_model at a time, even after a cancelled one
+OPEN_POLL_S = 0.02
+
+
+def open_model_cancellable(source: str, dtype: Any, token: CancelToken) -> Any:
+    """``open_model`` on a helper thread, so a cancel while the model is built returns at once.
+
+    A cancelled open finishes in the background and is discarded; the next open waits for it
+    (the lock), so two builds never run together.
+
+    Raises:
+        LoadCancelled: when ``token`` is cancelled before the model is built.
+    """
+    from workbench.models import open_model
+
+    token.raise_if_cancelled()
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def build() -> None:
+        try:
+            with _OPEN_LOCK:
+                if token.cancelled:
+                    return
+                outcome["opened"] = open_model(source, dtype=dtype)
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=build, name="open-model", daemon=True).start()
+    while not done.wait(OPEN_POLL_S):
+        token.raise_if_cancelled()
+    token.raise_if_cancelled()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["opened"]
 
 
 def _make_hold(

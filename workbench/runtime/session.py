@@ -291,6 +291,7 @@ class Session:
                 f"{origin}: session version {version!r} is not supported (this build reads up "
                 f"to {SESSION_VERSION}); upgrade the workbench"
             )
+        _check_field_types(data, origin)
         try:
             budgets = {device: int(nbytes) for device, nbytes in data.get("budgets") or []}
             session = cls(
@@ -324,6 +325,36 @@ class Session:
         session = cls.from_dict(data, origin=str(target))
         session.path = target
         return session
+
+
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "source": ((str,), "a string"),
+    "dtype": ((str,), "a string"),
+    "device_map": ((dict,), "an object"),
+    "budgets": ((list,), "a list of [device, bytes] pairs"),
+    "reserve": ((int,), "an integer"),
+    "planner_options": ((dict,), "an object"),
+    "profile": ((dict,), "an object"),
+}
+
+
+def _check_field_types(data: Mapping[str, Any], origin: str) -> None:
+    """Raise ``SessionFileError`` naming the first field of the wrong JSON type (null is fine)."""
+    for name, (types, expected) in _FIELD_TYPES.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise SessionFileError(
+                f'{origin}: field "{name}" must be {expected} or null, '
+                f"got {type(value).__name__} {value!r:.60}"
+            )
+    for index, pair in enumerate(data.get("budgets") or []):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise SessionFileError(
+                f'{origin}: field "budgets" item {index} must be a [device, bytes] pair, '
+                f"got {pair!r:.60}"
+            )
 
 
 def _is_under(name: str, prefix: str) -> bool:

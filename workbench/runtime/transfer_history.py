@@ -127,8 +127,9 @@ TRANSFER_COLUMNS = (
 class TransferHistory:
     """The last ``capacity`` transfer/compute events (columns ``TRANSFER_COLUMNS``).
 
-    Module names are interned to ids (``module_name(id)``); the table is bounded by the number
-    of modules in the model. ``last_forward()`` keeps the per-layer summary of the newest batch.
+    Module names are interned to ids (``module_name(id)``); ``reset()`` (called by the host at
+    every load) empties the events and the name table together, so the table is bounded by the
+    modules of one model. ``last_forward()`` keeps the per-layer summary of the newest batch.
     """
 
     def __init__(self, capacity: int = 20_000) -> None:
@@ -138,6 +139,15 @@ class TransferHistory:
         self._last: tuple[LayerTiming, ...] = ()
         self._last_index = -1
         self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget every event and module name (a new model is being loaded)."""
+        with self._lock:
+            self.events.clear()
+            self._ids.clear()
+            self._names.clear()
+            self._last = ()
+            self._last_index = -1
 
     def _module_id(self, name: str) -> int:
         ident = self._ids.get(name)

@@ -19,7 +19,8 @@ import torch
 
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
-from workbench.runtime.inference import execution_device, prepare_input_ids
+from workbench.runtime.inference import execution_device
+from workbench.runtime.model_inputs import ModelInputs, accepts, prepare_inputs
 from workbench.runtime.protocol import Event, Phase, Verify, VerifyResult
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,14 @@ def _logits(output: Any) -> torch.Tensor:
     return logits
 
 
+def forward_kwargs(model: torch.nn.Module, inputs: ModelInputs) -> dict[str, Any]:
+    """``inputs`` as keyword arguments, with ``use_cache=False`` where the forward takes it."""
+    kwargs: dict[str, Any] = dict(inputs.kwargs)
+    if accepts(model, "use_cache"):
+        kwargs["use_cache"] = False
+    return kwargs
+
+
 VERIFY_MODES = ("auto", "full", "layers")
 FULL_COPY_RAM_FRACTION = 0.5  # a full reference may use at most half the available RAM
 
@@ -145,22 +154,19 @@ def run_verify(
 
         return run_verify_layers(loaded, request, token, emit)
     rid = request.request_id
-    input_ids = prepare_input_ids(loaded, request.prompt, request.synthetic_tokens)
+    inputs = prepare_inputs(loaded, request.prompt, request.synthetic_tokens)
     emit(Phase(rid, "verify: dispatched forward"))
     start_s = time.perf_counter()
     with torch.inference_mode():
-        actual = _logits(
-            loaded.model(
-                input_ids=input_ids.to(execution_device(loaded.device_map)), use_cache=False
-            )
-        ).cpu()
+        moved = inputs.to(execution_device(loaded.device_map))
+        actual = _logits(loaded.model(**forward_kwargs(loaded.model, moved))).cpu()
     token.raise_if_cancelled()
     emit(Phase(rid, "verify: reference forward"))
     reference = build_reference(loaded)
     token.raise_if_cancelled()
     try:
         with torch.inference_mode():
-            expected = _logits(reference(input_ids=input_ids, use_cache=False))
+            expected = _logits(reference(**forward_kwargs(reference, inputs)))
     finally:
         del reference
     result = compare_outputs(actual, expected, atol=request.atol, rtol=request.rtol)

@@ -20,9 +20,10 @@ import torch
 
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
-from workbench.runtime.inference import execution_device, prepare_input_ids
+from workbench.runtime.inference import execution_device
+from workbench.runtime.model_inputs import ModelInputs, prepare_inputs
 from workbench.runtime.protocol import Event, Phase, Verify, VerifyResult
-from workbench.runtime.verify import compare_outputs, model_dtype
+from workbench.runtime.verify import compare_outputs, forward_kwargs, model_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def _first_tensor(value: Any) -> torch.Tensor:
 
 
 def record_units(
-    model: torch.nn.Module, units: list[str], input_ids: torch.Tensor
+    model: torch.nn.Module, units: list[str], inputs: ModelInputs
 ) -> dict[str, tuple[tuple, dict, torch.Tensor]]:
     """Run one forward, keeping each unit's first call: (args, kwargs, output) on the CPU."""
     records: dict[str, tuple[tuple, dict, torch.Tensor]] = {}
@@ -88,7 +89,7 @@ def record_units(
         handles.append(module.register_forward_hook(post, with_kwargs=True))
     try:
         with torch.inference_mode():
-            model(input_ids=input_ids, use_cache=False)
+            model(**forward_kwargs(model, inputs))
     finally:
         for handle in handles:
             handle.remove()
@@ -165,9 +166,9 @@ def run_verify_layers(
     model = loaded.model
     blocks = set(getattr(loaded.opened, "no_split_modules", None) or [])
     units = verification_units(model, blocks)
-    input_ids = prepare_input_ids(loaded, request.prompt, request.synthetic_tokens)
+    inputs = prepare_inputs(loaded, request.prompt, request.synthetic_tokens)
     emit(Phase(rid, "verify: recording units"))
-    records = record_units(model, units, input_ids.to(execution_device(loaded.device_map)))
+    records = record_units(model, units, inputs.to(execution_device(loaded.device_map)))
     token.raise_if_cancelled()
     fresh = open_model(loaded.opened.source).model
     tensors = _CheckpointTensors(loaded.opened)

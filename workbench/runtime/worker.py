@@ -6,8 +6,9 @@ killed by SIGKILL, a segfault or the OOM killer is reported as ``WorkerExited`` 
 signal) plus ``Failed(kind="worker_died")`` for the job it was running. The callback runs on
 the reader thread; a GUI bridge re-emits the events as Qt signals.
 
-The host owns one temporary offload folder per load and deletes it on cancel, unload,
-failure, worker death and shutdown, so a crash leaves no files behind.
+The host owns one temporary offload folder per load (named after the host's pid) and deletes
+it on cancel, unload, failure, worker death and shutdown, so a crash leaves no files behind;
+when a host itself dies, the next host's ``start()`` sweeps the folders of dead hosts.
 
 Example:
     >>> host = WorkerHost(print)  # doctest: +SKIP
@@ -22,7 +23,6 @@ import contextlib
 import logging
 import multiprocessing
 import shutil
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -32,12 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from workbench.big_modeling.devices import normalize_device
+from workbench.runtime.jobs import JobTrace
+from workbench.runtime.offload_folders import new_offload_folder, sweep_stale_offload_folders
 from workbench.runtime.protocol import (
     Cancel,
     Event,
     Failed,
     Infer,
     Load,
+    Phase,
+    Progress,
     Request,
     Result,
     Shutdown,
@@ -67,7 +71,8 @@ class WorkerHost:
         sample_hz: the worker's memory sampling rate.
         cancel_grace_s: after ``cancel()``, how long the job has to answer before the worker
             process is terminated.
-        offload_root: where per-load offload folders are created (default: the system temp).
+        offload_root: where per-load offload folders are created (default:
+            ``workbench.models.hardware.default_offload_root()``).
         history_capacity: samples kept in ``memory`` and events kept in ``transfers``.
         preload_imports: the worker imports torch/transformers/the engine as soon as it starts,
             so ``start()`` early (e.g. when the window opens) makes the first load faster.
@@ -104,6 +109,7 @@ class WorkerHost:
         self._requests: Connection | None = None
         self._reader: threading.Thread | None = None
         self._pending: OrderedDict[int, str] = OrderedDict()  # request_id -> kind, in order
+        self._traces: dict[int, JobTrace] = {}  # request_id -> where it got to
         self._idle = threading.Condition(self._lock)  # notified when _pending empties
         self._model_loaded = False
         self._state = "stopped"
@@ -135,6 +141,7 @@ class WorkerHost:
         with self._lock:
             if self._process is not None:
                 return
+            sweep_stale_offload_folders(self.offload_root)
             from workbench.runtime.worker_main import worker_main
 
             req_recv, req_send = self._ctx.Pipe(duplex=False)
@@ -182,10 +189,8 @@ class WorkerHost:
             self._require_no_job("load")
             self.start()
             self._remove_offload_folder()
-            root = self.offload_root
-            if root is not None:
-                root.mkdir(parents=True, exist_ok=True)
-            self.offload_folder = Path(tempfile.mkdtemp(prefix="workbench-offload-", dir=root))
+            self.offload_folder = new_offload_folder(self.offload_root)
+            self.transfers.reset()  # module names are per model: the table stays bounded
             request = Load(
                 request_id=self._new_id(),
                 source=str(source),
@@ -320,6 +325,7 @@ class WorkerHost:
 
     def _submit(self, request: Request) -> int:
         self._pending[request.request_id] = request.kind
+        self._traces[request.request_id] = JobTrace()
         self._send(request)
         self._update_state()
         return request.request_id
@@ -388,6 +394,10 @@ class WorkerHost:
             events.close()
 
     def _handle(self, event: Event) -> None:
+        if isinstance(event, (Phase, Progress)):
+            trace = self._traces.get(event.request_id)
+            if trace is not None:
+                trace.see(event)
         if isinstance(event, TelemetrySample):
             self.memory.add(event)
         elif isinstance(event, TransferBatch):
@@ -395,6 +405,7 @@ class WorkerHost:
         elif isinstance(event, (Result, Failed)) and event.request_id in self._pending:
             with self._lock:
                 kind = self._pending.pop(event.request_id)
+                self._traces.pop(event.request_id, None)
                 if not self._pending:
                     self._cancel_deadline = None
                     self._idle.notify_all()
@@ -423,7 +434,9 @@ class WorkerHost:
             cancelled = self._terminated_for_cancel
             shutting_down = self._expect_exit
             lost = list(self._pending.items())
+            traces = {rid: trace.describe() for rid, trace in self._traces.items()}
             self._pending.clear()
+            self._traces.clear()
             self._idle.notify_all()
             self._cancel_deadline = None
             self._model_loaded = False
@@ -438,6 +451,7 @@ class WorkerHost:
             cancelled=cancelled,
             shutting_down=shutting_down,
             cancel_grace_s=self.cancel_grace_s,
+            traces=traces,
         ):
             self._deliver(event)
         self._update_state()

@@ -53,8 +53,11 @@ class _Sender:
                 self.closed = True
 
 
+FORWARDED_LOGGERS = ("workbench", "py.warnings")  # py.warnings: the engine's warnings.warn
+
+
 class _LogForwarder(logging.Handler):
-    """Sends ``workbench`` log records to the host as ``Log`` events."""
+    """Sends ``workbench`` log records and Python warnings to the host as ``Log`` events."""
 
     def __init__(self, send: _Sender, level: int) -> None:
         super().__init__(level)
@@ -122,6 +125,7 @@ class _Listener:
                     Failed(
                         request.request_id,
                         f"{request.kind} cancelled before it started",
+                        details="a cancel arrived while the job waited in the queue",
                         kind="cancelled",
                         job=request.kind,
                     )
@@ -154,9 +158,11 @@ def worker_main(
     send = _Sender(events)
     forwarder = _LogForwarder(send, max(logging.INFO, log_level or logging.WARNING))
     forwarder.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    workbench_logger = logging.getLogger("workbench")
-    workbench_logger.addHandler(forwarder)
-    workbench_logger.setLevel(forwarder.level)
+    logging.captureWarnings(True)  # warnings.warn -> the "py.warnings" logger -> the host
+    forwarded = [logging.getLogger(name) for name in FORWARDED_LOGGERS]
+    for source in forwarded:
+        source.addHandler(forwarder)
+        source.setLevel(forwarder.level)
     sampler = MemorySampler(send, rate_hz=sample_hz)
     sampler.start()
     listener = _Listener(requests, send)
@@ -188,7 +194,8 @@ def worker_main(
                 listener.end()
     finally:
         _close_quietly(sampler.stop)  # no runner.close(): process exit frees memory faster
-        _close_quietly(lambda: workbench_logger.removeHandler(forwarder))
+        for source in forwarded:
+            _close_quietly(lambda source=source: source.removeHandler(forwarder))
         send.closed = True
         _close_quietly(events.close)
         _close_quietly(sys.stdout.flush)
