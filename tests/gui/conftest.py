@@ -159,6 +159,14 @@ class _TinyOpened:
     def __init__(self, **fields: Any) -> None:
         self.__dict__.update(fields)
 
+    @property
+    def has_weights(self) -> bool:
+        return self.checkpoint is not None
+
+    def module_sizes(self, dtype: Any = None) -> dict[str, int]:
+        """The tree's bytes per name (as ``OpenedModel``)."""
+        return (self if dtype is None else self.with_dtype(dtype)).tree.module_sizes()
+
     def with_dtype(self, dtype: Any) -> _TinyOpened:
         """A copy whose tree counts floating weights in ``dtype`` (as ``OpenedModel``)."""
         from workbench.models.dtypes import parse_dtype

@@ -147,6 +147,7 @@ def plan_device_map(
     reserve: Mapping[DeviceValue, int | str] | None = None,
     offload_buffers: bool = False,
     fallback_allocation: bool = False,
+    module_sizes: Mapping[str, int] | None = None,
 ) -> PlanResult:
     """Plan a device map and say why: totals per device and one reason per decision.
 
@@ -180,7 +181,7 @@ def plan_device_map(
         fallback_allocation=fallback_allocation,
         clean_result=True,
         explain=True,
-        module_sizes=None,
+        module_sizes=module_sizes,
     )
 
 

@@ -8,7 +8,6 @@ free memory. ``--emit-code`` prints the equivalent ``from_pretrained`` call.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import re
@@ -155,27 +154,18 @@ def plan_with_tree_sizes(
     """``plan_device_map`` for ``opened`` with the sizes its tree reports
     (``opened.module_sizes()``: checkpoint headers when there are weights), so the plan's
     totals and the tree agree even for a checkpoint mixing dtypes."""
-    from workbench.big_modeling import planner
 
-    arguments = {
-        "max_memory": max_memory,
-        "strategy": strategy,
-        "no_split_module_classes": opened.no_split_modules,
-        "dtype": _planner_dtype(opened),
-        "reserve": reserve,
-        "module_sizes": opened.module_sizes(),
-    }
-    if "module_sizes" in inspect.signature(planner.plan_device_map).parameters:
-        return planner.plan_device_map(opened.model, **arguments)
-    # Until the engine's plan_device_map takes module_sizes, use the function it wraps.
-    return planner._plan(
+    from workbench.big_modeling.planner import plan_device_map
+
+    return plan_device_map(
         opened.model,
-        **arguments,
-        special_dtypes=None,
-        offload_buffers=False,
-        fallback_allocation=False,
-        clean_result=True,
-        explain=True,
+        max_memory=max_memory,
+        strategy=strategy,
+        no_split_module_classes=opened.no_split_modules,
+        dtype=_planner_dtype(opened),
+        reserve=reserve,
+        # A what-if config has no stored sizes: the planner's lazy index is faster there.
+        module_sizes=opened.module_sizes() if opened.has_weights else None,
     )
 
 

@@ -97,6 +97,8 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
     if opened is not None and parse_dtype(request.dtype) != opened.planning_dtype:
         resized = opened.with_dtype(request.dtype)
         tree = resized.tree
+    sized = resized or opened  # with weights, plan the bytes the checkpoint headers give
+    module_sizes = sized.module_sizes() if sized is not None and sized.has_weights else None
     candidates = []
     for strategy in request.strategies:
         try:
@@ -107,6 +109,7 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
                 no_split_module_classes=request.no_split,
                 dtype=request.dtype,
                 reserve=request.reserve or None,
+                module_sizes=module_sizes,
             )
         except ValueError as exc:  # BadInputError / MemoryBudgetError: shown in the column
             candidates.append(Candidate(strategy, error=str(exc)))

@@ -80,8 +80,9 @@ class DeviceSpec:
         name: what users see ("NVIDIA H200").
         memory_bytes: total capacity.
         free_bytes: free capacity when detected, else ``None`` (a what-if profile).
-        compute_tflops: dense 16-bit TFLOP/s (0 for disk).
-        memory_bandwidth_gbps: device memory bandwidth, GB/s (0 for disk).
+        compute_tflops: dense 16-bit TFLOP/s (0 for disk). Left at 0 for a CPU or GPU, it
+            takes the typical value a profile file without speeds gets.
+        memory_bandwidth_gbps: device memory bandwidth, GB/s (0 for disk; typical if 0).
     """
 
     device: int | str
@@ -90,6 +91,17 @@ class DeviceSpec:
     free_bytes: int | None = None
     compute_tflops: float = 0.0
     memory_bandwidth_gbps: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.device == "disk":
+            return
+        cpu = self.device == "cpu"
+        if not self.compute_tflops:
+            typical = DEFAULT_CPU_TFLOPS if cpu else GENERIC_GPU_TFLOPS
+            object.__setattr__(self, "compute_tflops", typical)
+        if not self.memory_bandwidth_gbps:
+            typical = DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS if cpu else GENERIC_GPU_BANDWIDTH_GBPS
+            object.__setattr__(self, "memory_bandwidth_gbps", typical)
 
     @property
     def is_accelerator(self) -> bool:
