@@ -3,9 +3,16 @@
 Runs the real main window and worker on a generated demo (llama, 60M parameters, fp16, 4 shards)
 planned over cpu + disk, and writes:
 
-  docs/screenshots/load-live-plots.png  top: the window during a load (progress bar, Memory
-                                         tab); bottom: the Transfers tab after three runs
-  docs/screenshots/inference-run.png     the window after a run and a Verify (Inference tab)
+  docs/screenshots/load-live-plots.png  the window during a load parked half-way by the
+                                         worker's test hook: progress bar, Memory tab
+  docs/screenshots/inference-run.png     the window after the load, three runs and a Verify:
+                                         the Inference tab, and beside it the Memory plot (load
+                                         and run markers) above the Transfers plot
+
+For the second shot the script moves the two plots out of the tabs into one dock beside the
+runtime dock (a layout made for the shot; each panel appears once). The Memory plot hides the
+"system available" series (as a click on its legend entry does), so the worker's memory is not
+flattened against the machine's free RAM.
 
 Settings go to a temporary folder. Run under Xvfb, e.g.:
     Xvfb :98 -screen 0 1920x1080x24 & DISPLAY=:98 QT_QPA_PLATFORM=xcb python scripts/screenshots_runtime.py
@@ -29,9 +36,8 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="workbench-shots-"))
     os.environ["XDG_CONFIG_HOME"] = str(scratch / "config")
     os.environ["XDG_DATA_HOME"] = str(scratch / "data")
-    from PySide6.QtCore import QSettings
-    from PySide6.QtGui import QImage, QPainter
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtCore import QSettings, Qt
+    from PySide6.QtWidgets import QApplication, QDockWidget, QSplitter
 
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
     QSettings.setPath(
@@ -46,7 +52,7 @@ def main() -> int:
 
     demo = Path(make_demo(scratch / "demo-llama-60m", arch="llama", params="60M", shards=4))
     window = MainWindow(autosave=False)
-    window.resize(1850, 1040)
+    window.resize(1900, 1050)
     window.show()
     panels = window.runtime_panels
     panels.bridge.host.offload_root = scratch / "offload"
@@ -67,6 +73,7 @@ def main() -> int:
     )
     window.bottom_dock.setMinimumHeight(430)
     window.bottom_tabs.setCurrentWidget(panels.memory_plot)
+    panels.memory_plot.set_series_visible("system available", False)
     panels.bridge.start()
     run_event_loop_until(
         lambda: panels.memory_plot.sample_count > 20, 120
@@ -80,38 +87,42 @@ def main() -> int:
     panels.load_action.trigger()
     run_event_loop_until(lambda: any(held), 300)
     run_event_loop_until(lambda: False, 1.5)  # the plot and the progress bar catch up
-    during = window.grab().toImage()
+    OUT.mkdir(parents=True, exist_ok=True)
+    window.grab().save(str(OUT / "load-live-plots.png"), "PNG")
     panels.controller.cancel()
     run_event_loop_until(lambda: not panels.controller.busy, 60)
+    run_event_loop_until(lambda: False, 4.0)  # apart on the time axis: cancelled, then started
 
     # after: a full load and three runs
     panels.controller.load_options = {}
     panels.load_action.trigger()
     run_event_loop_until(lambda: panels.controller.loaded or bool(panels.controller.errors), 600)
+    run_event_loop_until(lambda: False, 3.0)  # the first run's marker apart from "load end"
     inference = panels.inference_panel
     inference.max_tokens_spin.setValue(12)
     for prompt in ("The quick brown fox", "Once upon a time", "Model memory"):
         inference.prompt_edit.setPlainText(prompt)
         inference.run()
         run_event_loop_until(lambda: not inference.busy, 300)
-    window.bottom_tabs.setCurrentWidget(panels.transfer_plot)
-    run_event_loop_until(lambda: False, 1.0)
-    transfers = window.bottom_dock.grab().toImage()
-
-    width = max(during.width(), transfers.width())
-    combined = QImage(width, during.height() + transfers.height(), QImage.Format.Format_RGB32)
-    combined.fill(0xFFFFFF)
-    painter = QPainter(combined)
-    painter.drawImage(0, 0, during)
-    painter.drawImage(0, during.height(), transfers)
-    painter.end()
-    OUT.mkdir(parents=True, exist_ok=True)
-    combined.save(str(OUT / "load-live-plots.png"), "PNG")
-
+        run_event_loop_until(lambda: False, 3.0)  # runs apart on the time axis
     inference.verify()
     run_event_loop_until(lambda: not inference.busy, 300)
+
+    plots = QSplitter(Qt.Orientation.Vertical)
+    for plot in (panels.memory_plot, panels.transfer_plot):
+        window.bottom_tabs.removeTab(window.bottom_tabs.indexOf(plot))
+        plots.addWidget(plot)
+        plot.setVisible(True)  # a widget taken out of a tab widget stays hidden
+    plots_dock = QDockWidget("Live plots", window)
+    plots_dock.setObjectName("shotPlotsDock")
+    plots_dock.setWidget(plots)
+    window.splitDockWidget(window.bottom_dock, plots_dock, Qt.Orientation.Horizontal)
+    run_event_loop_until(lambda: False, 0.5)  # lay the new dock out before sizing it
+    window.resizeDocks([window.bottom_dock, plots_dock], [760, 1140], Qt.Orientation.Horizontal)
+    window.resizeDocks([window.bottom_dock], [680], Qt.Orientation.Vertical)
+    plots.setSizes([300, 380])
     window.bottom_tabs.setCurrentWidget(inference)
-    run_event_loop_until(lambda: False, 1.0)
+    run_event_loop_until(lambda: False, 2.0)
     window.grab().save(str(OUT / "inference-run.png"), "PNG")
     print(f"wrote {OUT / 'load-live-plots.png'} and {OUT / 'inference-run.png'}")
     window.close()

@@ -3,6 +3,7 @@ background thread (the real worker runs in test_load_flow.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -182,6 +183,21 @@ def test_history_compares_maps_and_exports_json(qtbot, panel, tmp_path) -> None:
     assert data["format"] == "workbench-run-history"
     assert [run["device_map"] for run in data["runs"]] == [MAP_A, MAP_B]
     assert data["runs"][1]["map_id"] == map_digest(MAP_B) and data["runs"][1]["tokens_per_s"] == 5.0
+    target = tmp_path / "no-such-folder" / "runs.json"
+    history.path_chooser = lambda *_: str(target)
+    history.export_button.click()  # the write fails: a message box says so, nothing is written
+    box = history.last_error_box
+    assert box is not None and box.isVisible() and not box.isModal()
+    assert str(target) in box.text() and not target.parent.exists()
+
+
+def test_a_character_cut_off_by_the_token_limit_is_not_shown(qtbot, panel) -> None:
+    panel.run_button.click()
+    result = _result(1)
+    result = Result(1, "infer", dataclasses.replace(result.value, text=" caf\ufffd"))
+    with qtbot.waitSignal(panel.run_finished, timeout=5000) as finished:
+        panel.bridge.host.play(TokenStreamed(1, 0, 100, " caf", 0.25), result)
+    assert panel.output_edit.toPlainText() == " caf" and finished.args[0].text == " caf"
 
 
 def test_run_needs_a_loaded_model(qtbot, panel) -> None:

@@ -6,14 +6,18 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
+from PySide6.QtCore import QPointF
 from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QToolTip
 
 from workbench.gui.commands import push_plan
 
@@ -37,7 +41,10 @@ def demo_window(
     main_window: Any, open_in_window: Any, demo_dir: Path, tmp_path: Path, stop_resource_tracker
 ) -> Any:
     """The main window with the generated demo open and planned over cpu + disk."""
-    opened = open_in_window(main_window, demo_dir)
+    return _planned_window(main_window, open_in_window(main_window, demo_dir), tmp_path)
+
+
+def _planned_window(main_window: Any, opened: Any, tmp_path: Path) -> Any:
     from workbench.big_modeling import infer_auto_device_map
 
     total = opened.tree.root.nbytes
@@ -52,6 +59,31 @@ def demo_window(
     panels.bridge.host.offload_root = tmp_path / "offload"
     panels.controller.error_presenter = lambda *_: None  # recorded in controller.errors
     return main_window
+
+
+def _hover_slowest_bar(window: Any, qtbot: Any) -> tuple[str, str]:
+    """Show the Transfers tab, move the real mouse over the slowest bar of the last forward and
+    return (its module, the tooltip text)."""
+    plot = window.runtime_panels.transfer_plot
+    window.bottom_tabs.setCurrentWidget(plot)
+    plot.refresh()
+    slowest = max(plot.last_forward, key=lambda t: t.transfer_s + t.compute_s)
+    index, top_ms = (
+        plot.layers.index(slowest.module),
+        (slowest.transfer_s + slowest.compute_s) * 1e3,
+    )
+    view_box = plot.bar_plot.getViewBox()
+
+    def bar_in_view() -> bool:
+        (x0, x1), (_, y1) = view_box.viewRange()
+        return x0 <= index <= x1 and y1 >= top_ms
+
+    qtbot.waitUntil(bar_in_view, timeout=5000)  # the bar chart auto-ranges on its next paint
+    scene_pos = view_box.mapViewToScene(QPointF(index, top_ms / 2))
+    viewport = plot.graphics.viewport()
+    qtbot.mouseMove(viewport, plot.graphics.mapFromScene(scene_pos))
+    qtbot.waitUntil(QToolTip.isVisible, timeout=5000)
+    return slowest.module, QToolTip.text()
 
 
 def _held(panels: Any, qtbot: Any) -> None:
@@ -77,10 +109,11 @@ def test_full_flow_load_generate_verify_plots(demo_window: Any, qtbot: Any, tmp_
     with qtbot.waitSignal(panels.controller.load_finished, timeout=LOAD_TIMEOUT_MS):
         panels.load_action.trigger()
     assert panels.controller.errors == []
-    assert phases == ["building", "loading", "ready"]
+    assert [p for p in phases if p != "dispatching"] == ["building", "loading", "ready"]
     done = [ev.bytes_done for ev in progress]
     assert done == sorted(done) and progress[-1].fraction == 1.0
-    assert panels.progress_widget.bar.value() == panels.progress_widget.bar.maximum()
+    bar = panels.progress_widget.bar
+    assert bar.value() == bar.maximum() and bar.isVisibleTo(panels.progress_widget)
     assert panels.controller.loaded_map == planned
     assert not panels.cancel_action.isEnabled() and panels.unload_action.isEnabled()
     worker = psutil.Process(panels.bridge.host.pid)
@@ -105,10 +138,24 @@ def test_full_flow_load_generate_verify_plots(demo_window: Any, qtbot: Any, tmp_
     qtbot.waitUntil(lambda: panels.memory_plot.sample_count > 0, timeout=10_000)
     assert "worker rss" in panels.memory_plot.series_names
     assert panels.memory_plot.marker_labels[:2] == ["load start", "load end"]
-    assert panels.transfer_plot.forward_count > 0
-    disk_rows = [t for t in panels.transfer_plot.last_forward if t.source == "disk"]
+    assert any(label.startswith("infer #") for label in panels.memory_plot.marker_labels)
+    transfer = panels.transfer_plot
+    assert transfer.forward_count > 0
+    disk_rows = [t for t in transfer.last_forward if t.source == "disk"]
     assert disk_rows and all(t.nbytes > 0 for t in disk_rows)  # the disk layers were streamed
-    assert panels.transfer_plot.heatmap().max() > 0
+    assert transfer.heatmap().max() > 0
+    module, tooltip = _hover_slowest_bar(demo_window, qtbot)
+    assert module in tooltip and "MiB" in tooltip and "GB/s" in tooltip
+    # the speed model's prediction is drawn per layer on the bar chart
+    assert transfer.prediction and set(transfer.prediction) <= set(transfer.layers)
+    _, predicted_ms = transfer.predicted_curve.getOriginalDataset()
+    assert len(predicted_ms) == len(transfer.layers) and np.nanmax(predicted_ms) > 0
+    # peaks from the profile: disk 3 GB/s; no host-to-device line, the map has no GPU
+    assert transfer.peaks_gbps == {"disk": 3.0}
+    assert [line.value() for line in transfer._peak_lines] == [3.0]
+    _, at_peak_ms = transfer.at_peak_curve.getOriginalDataset()
+    disk_index = transfer.layers.index(disk_rows[0].module)
+    assert at_peak_ms[disk_index] == pytest.approx(disk_rows[0].nbytes / 3e9 * 1e3)
 
     rows = list(
         csv.reader(io.StringIO(panels.transfer_plot.export_csv(tmp_path / "t.csv").read_text()))
@@ -171,3 +218,33 @@ def test_sigkill_mid_load_shows_an_error_and_a_later_load_succeeds(
     with qtbot.waitSignal(panels.controller.load_finished, timeout=LOAD_TIMEOUT_MS):
         panels.load_action.trigger()
     assert panels.controller.loaded_map == planned
+
+
+def test_truncated_shard_through_the_real_worker_shows_the_error_dialog(
+    main_window: Any,
+    open_in_window: Any,
+    demo_dir: Path,
+    tmp_path: Path,
+    qtbot: Any,
+    stop_resource_tracker: Any,
+) -> None:
+    bad = tmp_path / "bad-demo"
+    shutil.copytree(demo_dir, bad)
+    window = _planned_window(main_window, open_in_window(main_window, bad), tmp_path)
+    shard = sorted(bad.glob("*.safetensors"))[-1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])  # cut short on disk after it was opened
+    panels = window.runtime_panels
+    planned = dict(window.session.device_map)
+    panels.controller.error_presenter = panels.controller._show_error_dialog
+    with qtbot.waitSignal(panels.controller.load_failed, timeout=LOAD_TIMEOUT_MS) as failed:
+        panels.load_action.trigger()
+    assert failed.args[0].kind == "bad_input"
+    dialog = panels.controller.last_error_dialog
+    assert dialog is not None and dialog.isVisible() and not dialog.isModal()
+    assert dialog.windowTitle() == "The model could not be loaded"
+    assert shard.name in dialog.text() and "device map is unchanged" in dialog.text()
+    assert dialog.detailedText().strip(), "the worker sent no details for a bad checkpoint"
+    dialog.close()
+    assert window.session.device_map == planned and panels.load_action.isEnabled()
+    assert not panels.controller.loaded

@@ -58,6 +58,10 @@ class ScriptedHost:
         self.requests.append(("cancel",))
         return True
 
+    def infer(self, prompt, **kwargs) -> int:
+        self.requests.append(("infer", prompt))
+        return len(self.requests)
+
     def unload(self) -> None:
         self.requests.append(("unload",))
         self.on_event(StateChanged("idle", "loaded"))
@@ -133,7 +137,10 @@ def test_load_shows_progress_then_loaded_state(window: Any, qtbot: Any) -> None:
         panels.bridge.host.play(
             Progress(request_id, 4 * GIB, 4 * GIB), Result(request_id, "load", summary)
         )
-    assert panels.progress_widget.bar.value() == 1000
+    bar = panels.progress_widget.bar
+    assert bar.value() == 1000 and bar.isVisibleTo(panels.progress_widget)  # 100% stays shown
+    assert not panels.progress_widget.cancel_button.isVisibleTo(panels.progress_widget)
+    qtbot.waitUntil(lambda: not bar.isVisibleTo(panels.progress_widget), timeout=5000)
     assert "loaded in 2.0 s" in panels.progress_widget.label.text()
     assert panels.unload_action.isEnabled() and not panels.cancel_action.isEnabled()
     assert panels.inference_panel.run_button.isEnabled()
@@ -241,13 +248,24 @@ def test_closing_the_window_shuts_the_worker_down(window) -> None:
     assert not panels.memory_plot.timer.isActive()
 
 
-def test_memory_plot_redraws_at_10_hz_during_jobs_and_2_hz_at_rest(window, qtbot) -> None:
+def test_plots_refresh_at_10_hz_during_jobs_and_at_rest(window, qtbot) -> None:
     panels = window.runtime_panels
     panels.bridge.start()
-    assert panels.memory_plot.timer.interval() == 500
-    with qtbot.waitSignal(panels.bridge.state_changed, timeout=5000):
-        panels.bridge.host.play(StateChanged("loading", "idle"))
-    assert panels.memory_plot.timer.interval() == 100
-    with qtbot.waitSignal(panels.bridge.state_changed, timeout=5000):
-        panels.bridge.host.play(StateChanged("loaded", "loading"))
-    assert panels.memory_plot.timer.interval() == 500
+    for state, before in (("idle", "idle"), ("loading", "idle"), ("loaded", "loading")):
+        if state != before:
+            with qtbot.waitSignal(panels.bridge.state_changed, timeout=5000):
+                panels.bridge.host.play(StateChanged(state, before))
+        assert panels.memory_plot.timer.interval() == 100, state
+        assert panels.transfer_plot.timer.interval() == 100, state
+
+
+def test_toolbar_cancel_during_a_run_stops_the_run(window, qtbot) -> None:
+    panels = window.runtime_panels
+    _loaded(window, qtbot)
+    panels.inference_panel.run_button.click()
+    assert panels.inference_panel.busy and panels.cancel_action.isEnabled()
+    assert panels.bridge.host.requests[-1][0] == "infer"
+    panels.cancel_action.trigger()
+    assert panels.bridge.host.requests[-1] == ("cancel",)
+    assert panels.inference_panel.status_label.text() == "stopping…"
+    assert panels.controller.loaded  # a cancelled run leaves the model loaded

@@ -256,7 +256,6 @@ class InferencePanel(QWidget):
         self.set_available(self._loaded_map() is not None and event.kind != "worker_died")
 
     def _show_inference(self, record: RunRecord, value: InferenceResult) -> None:
-        record.text = value.text
         record.new_tokens = value.new_tokens
         record.ttft_s = value.ttft_s
         record.tokens_per_s = value.tokens_per_s
@@ -264,8 +263,11 @@ class InferencePanel(QWidget):
         record.predicted = dict(value.predicted)
         layers = group_layer_timings(value.per_layer, self.units, keep=self.keep_module)
         record.per_layer = [_layer_dict(t) for t in layers]
-        if value.text != self.output_edit.toPlainText():  # the stream holds back partial bytes
-            self.output_edit.setPlainText(value.text)
+        # generation can stop inside a multi-byte character: its bytes decode to a trailing
+        # U+FFFD that is no character of the output, so neither the panel nor the record keep it
+        record.text = value.text.rstrip("\ufffd")
+        if record.text != self.output_edit.toPlainText():  # the stream holds back partial bytes
+            self.output_edit.setPlainText(record.text)
         predicted_ttft = value.predicted.get("ttft_s")
         predicted_rate = value.predicted.get("tokens_per_s")
         self.ttft_label.setText(

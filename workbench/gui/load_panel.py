@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 ErrorPresenter = Callable[[str, str, str], None]  # (title, message, details)
 _BAR_STEPS = 1000
+FULL_BAR_MS = 1500  # a finished load leaves the bar at 100% this long, so the user sees it
 
 
 def format_eta(seconds: float | None) -> str:
@@ -77,13 +78,26 @@ class LoadProgressWidget(QWidget):
         ):
             layout.addWidget(widget)
         self._last_progress: Progress | None = None
+        self.hide_bar_timer = QTimer(self)
+        self.hide_bar_timer.setSingleShot(True)
+        self.hide_bar_timer.setInterval(FULL_BAR_MS)
+        self.hide_bar_timer.timeout.connect(lambda: self.bar.setVisible(False))
         self.set_busy(False)
         self.set_stale(False)
 
     def set_busy(self, busy: bool) -> None:
+        self.hide_bar_timer.stop()
         self.bar.setVisible(busy)
         self.cancel_button.setVisible(busy)
         self.cancel_button.setEnabled(busy)
+
+    def show_done(self) -> None:
+        """Show the bar full for ``FULL_BAR_MS``, then hide it (a load finished)."""
+        self.set_busy(False)
+        self.bar.setValue(_BAR_STEPS)
+        self.bar.setFormat("100%")
+        self.bar.setVisible(True)
+        self.hide_bar_timer.start()
 
     def set_stale(self, stale: bool) -> None:
         self.stale_label.setVisible(stale)
@@ -270,7 +284,7 @@ class LoadController(QObject):
         self.last_summary = summary if isinstance(summary, LoadSummary) else None
         self.loaded_source = str(self.session.source)
         self._set_loaded(self._pending_map)
-        self.progress_widget.bar.setValue(_BAR_STEPS)
+        self.progress_widget.show_done()
         load_s = getattr(summary, "load_s", 0.0)
         self.progress_widget.show_message(f"loaded in {load_s:.1f} s")
         self._on_session_changed(None)

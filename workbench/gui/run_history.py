@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QSplitter,
@@ -33,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.gui.formatting import format_rate, format_seconds
+from workbench.gui.plots import show_export_error
 
 HISTORY_FORMAT = "workbench-run-history"
 
@@ -189,6 +191,7 @@ class RunHistoryWidget(QWidget):
         self.details.setPlaceholderText("Select a run to see its map, or two runs to compare maps")
         self.export_button = QPushButton("Export JSON…", self)
         self.path_chooser = self._ask_path
+        self.last_error_box: QMessageBox | None = None
         top = QHBoxLayout()
         top.addWidget(QLabel("<b>Runs</b>", self))
         top.addStretch(1)
@@ -231,7 +234,10 @@ class RunHistoryWidget(QWidget):
     def _on_export_clicked(self) -> None:
         path = self.path_chooser("Export run history", "JSON files (*.json)")
         if path:
-            self.model.export_json(path)
+            try:
+                self.model.export_json(path)
+            except OSError as exc:
+                self.last_error_box = show_export_error(self, path, exc)
 
     def _ask_path(self, title: str, file_filter: str) -> str | None:
         path, _ = QFileDialog.getSaveFileName(self, title, "runs.json", file_filter)

@@ -30,8 +30,7 @@ from workbench.runtime.protocol import TelemetrySample, TransferBatch
 
 logger = logging.getLogger(__name__)
 
-ACTIVE_REFRESH_HZ = 10.0  # memory plot redraws while a load or a run is in flight
-REST_REFRESH_HZ = 2.0  # ... and when the worker is idle or just holding a loaded model
+REFRESH_HZ = 10.0  # the plots look for new data this often, at rest too (redraws are cheap)
 
 
 class RuntimePanels(QObject):
@@ -50,8 +49,8 @@ class RuntimePanels(QObject):
         self.bridge = bridge or WorkerBridge(window)
         self.progress_widget = LoadProgressWidget(window)
         self.controller = LoadController(self.bridge, window.session, self.progress_widget, window)
-        self.memory_plot = MemoryPlot(window)
-        self.transfer_plot = TransferPlot(window)
+        self.memory_plot = MemoryPlot(window, refresh_hz=REFRESH_HZ)
+        self.transfer_plot = TransferPlot(window, refresh_hz=REFRESH_HZ)
         self.inference_panel = InferencePanel(
             self.bridge, lambda: self.controller.loaded_map, window
         )
@@ -61,10 +60,9 @@ class RuntimePanels(QObject):
             "Load the checkpoint along the current map in the worker process"
         )
         self.cancel_action = QAction("Cancel", window)
-        self.cancel_action.setToolTip("Cancel the running load")
+        self.cancel_action.setToolTip("Cancel the running load or inference run")
         self.unload_action = QAction("Unload", window)
         self.unload_action.setToolTip("Drop the loaded model and free the worker's memory")
-        self.memory_plot.set_refresh_hz(REST_REFRESH_HZ)
         self.units: list[str] = []  # layer units of the loaded model, in display order
         self._closed = False
         self._wire()
@@ -73,7 +71,7 @@ class RuntimePanels(QObject):
     # -- wiring --------------------------------------------------------------------------
     def _wire(self) -> None:
         self.load_action.triggered.connect(self.controller.load)
-        self.cancel_action.triggered.connect(self.controller.cancel)
+        self.cancel_action.triggered.connect(self._on_cancel_triggered)
         self.unload_action.triggered.connect(self._on_unload_triggered)
         controller, bridge = self.controller, self.bridge
         controller.busy_changed.connect(self._update_actions)
@@ -98,24 +96,28 @@ class RuntimePanels(QObject):
         self._budgets_from_session()
 
     def _on_session_changed(self, change: Any) -> None:
-        if getattr(change, "what", "") in ("budgets", "restored", "profile"):
+        what = getattr(change, "what", "")
+        if what in ("budgets", "restored", "profile"):
             self._budgets_from_session()
+        elif what in ("device_map", "opened"):
+            self._peaks_from_profile()
 
     def _budgets_from_session(self) -> None:
         self.memory_plot.set_budgets(dict(self.window.session.budgets))
         self._peaks_from_profile()
 
     def _peaks_from_profile(self) -> None:
+        """Peak GB/s per source tier: disk reads always; host-to-device only when the map
+        (the loaded one, else the session's) puts something on an accelerator."""
         profile = _window_profile(self.window)
         if profile is None:
             return
         peaks = {"disk": float(getattr(profile, "disk_read_gbps", 0.0) or 0.0)}
-        accelerators = getattr(profile, "accelerators", ())
-        if callable(accelerators):
-            accelerators = accelerators()
-        if accelerators:
+        device_map = self.controller.loaded_map or dict(self.window.session.device_map or {})
+        if any(_is_accelerator(device) for device in device_map.values()):
             peaks["cpu"] = float(getattr(profile, "host_to_device_gbps", 0.0) or 0.0)
-        self.transfer_plot.set_peak_bandwidth(peaks)
+        if {k: v for k, v in peaks.items() if v > 0} != self.transfer_plot.peaks_gbps:
+            self.transfer_plot.set_peak_bandwidth(peaks)
 
     def _update_actions(self, *_: object) -> None:
         busy = self.controller.busy
@@ -125,10 +127,15 @@ class RuntimePanels(QObject):
         self.unload_action.setEnabled(self.controller.loaded and not busy and not running)
         self.inference_panel.set_available(self.controller.loaded and not busy)
 
-    def _on_bridge_state_changed(self, state: str) -> None:
-        busy = state in ("loading", "running")
-        self.memory_plot.set_refresh_hz(ACTIVE_REFRESH_HZ if busy else REST_REFRESH_HZ)
+    def _on_bridge_state_changed(self, _state: str) -> None:
         self._update_actions()
+
+    def _on_cancel_triggered(self) -> None:
+        """Cancel whatever runs: the load, or else the inference run (like its Stop)."""
+        if self.controller.busy:
+            self.controller.cancel()
+        elif self.inference_panel.busy:
+            self.inference_panel.stop()
 
     def _mark(self, label: str) -> None:
         self.memory_plot.add_marker(time.time(), label)  # telemetry uses the worker's time.time
@@ -141,6 +148,7 @@ class RuntimePanels(QObject):
     def _on_controller_load_finished(self, summary: Any) -> None:
         self._mark("load end")
         self.transfer_plot.clear_layers()
+        self._peaks_from_profile()
         self._prediction_for_loaded_map()
         self._update_actions()
 
@@ -215,6 +223,16 @@ class RuntimePanels(QObject):
         if watched is self.window and event.type() == QEvent.Type.Close:
             self.shutdown()
         return False
+
+
+def _is_accelerator(device: Any) -> bool:
+    text = str(device)
+    return (
+        isinstance(device, int) or text.isdigit() or text.split(":", maxsplit=1)[0] in _ACCELERATORS
+    )
+
+
+_ACCELERATORS = ("cuda", "mps", "xpu", "npu")
 
 
 def _window_profile(window: Any) -> Any:

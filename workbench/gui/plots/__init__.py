@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QPushButton, QWidget
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QMessageBox, QPushButton, QWidget
 
 from workbench.big_modeling.atomic import atomic_path
 from workbench.runtime.protocol import LayerTiming
@@ -198,11 +198,30 @@ def save_png(widget: QWidget, path: str | Path) -> Path:
     return target
 
 
+def show_export_error(parent: QWidget, path: str | Path, exc: OSError) -> QMessageBox:
+    """Tell the user, in a non-modal message box, that writing ``path`` failed and why."""
+    reason = exc.strerror or str(exc)
+    box = QMessageBox(
+        QMessageBox.Icon.Warning,
+        "Export failed",
+        f"Could not write {path}: {reason}. Nothing was written; choose another file.",
+        QMessageBox.StandardButton.Ok,
+        parent,
+    )
+    box.setObjectName("exportErrorDialog")
+    box.setDetailedText(str(exc))
+    box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    box.setModal(False)
+    box.show()
+    return box
+
+
 class PlotControls(QWidget):
     """Pause / Reset / Export CSV / Export PNG buttons for one plot.
 
     The export buttons ask for a path with ``path_chooser`` (a file dialog by default; tests
-    inject one) and call ``export_csv(path)`` / ``export_png(path)`` on the plot.
+    inject one) and call ``export_csv(path)`` / ``export_png(path)`` on the plot. A write
+    that fails is shown in a non-modal message box (kept in ``last_error_box``).
     """
 
     paused_changed = Signal(bool)
@@ -217,6 +236,7 @@ class PlotControls(QWidget):
         super().__init__(parent)
         self._plot = plot
         self.path_chooser = path_chooser or self._ask_path
+        self.last_error_box: QMessageBox | None = None
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         self.pause_button = QPushButton("Pause", self)
@@ -242,12 +262,18 @@ class PlotControls(QWidget):
     def _on_csv_clicked(self) -> None:
         path = self.path_chooser("Export plot data", "CSV files (*.csv)")
         if path:
-            self._plot.export_csv(path)
+            self._export(self._plot.export_csv, path)
 
     def _on_png_clicked(self) -> None:
         path = self.path_chooser("Export plot image", "PNG images (*.png)")
         if path:
-            self._plot.export_png(path)
+            self._export(self._plot.export_png, path)
+
+    def _export(self, write: Callable[[str], Any], path: str) -> None:
+        try:
+            write(path)
+        except OSError as exc:
+            self.last_error_box = show_export_error(self, path, exc)
 
     def _ask_path(self, title: str, file_filter: str) -> str | None:
         path, _ = QFileDialog.getSaveFileName(self, title, "", file_filter)
@@ -263,5 +289,6 @@ __all__ = [
     "group_layer_timings",
     "nice_ceiling",
     "save_png",
+    "show_export_error",
     "summarize_layers",
 ]

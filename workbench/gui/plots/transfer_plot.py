@@ -1,15 +1,23 @@
 """Per-layer transfer latency: bars for the last forward, a heatmap over the run, bandwidth.
 
 Top left: one bar per hooked layer, transfer time (coloured by the tier the weights came from)
-stacked under compute time (grey), with the speed model's prediction as a dashed step line.
+stacked under compute time (grey), with the speed model's prediction as a dashed step line and,
+per layer, the transfer time at the link's peak bandwidth (bytes / peak GB/s, dotted). A
+transfer that took less than that cannot have been a plain copy: prefetch overlapped it with
+earlier compute, and a marker above the bar says so.
 Bottom left: achieved GB/s per layer against the link's peak from the hardware profile.
 Right: heatmap of time per layer (rows) and forward step (columns).
+
+Layers are looked up by name in a dict and the heatmap is preallocated (its layer capacity
+doubles when unknown modules appear; its steps are a ring), so a forward costs O(layers) and
+a timer tick redraws only the parts whose data changed.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -29,7 +37,9 @@ from workbench.gui.plots import (
 )
 
 _COMPUTE_COLOR = "#b0b0b0"
+_PEAK_COLOR = "#6a3d9a"
 _BAR_WIDTH = 0.8
+_OVERLAP_MARGIN = 0.9  # a transfer under 90% of its time at peak counts as overlapped
 
 
 def _tier(source: str) -> str:
@@ -50,22 +60,27 @@ class TransferPlot(QWidget):
         super().__init__(parent)
         self.max_steps = max(1, int(max_steps))
         self._layers: list[str] = []
-        self._history: list[list[LayerTiming]] = []
+        self._index_of: dict[str, int] = {}
+        self._history: deque[list[LayerTiming]] = deque(maxlen=self.max_steps)
+        self._forwards_seen = 0  # the heat ring's next row is _forwards_seen % max_steps
         self._predicted_s: dict[str, float] = {}
         self._peaks_gbps: dict[str, float] = {}
         self._paused = False
         self._dirty = False
+        self._stale: set[str] = set()  # parts to redraw: "bars", "prediction", "heat"
         self.refresh_count = 0
         self._tier_bars: dict[str, pg.BarGraphItem] = {}
         self._peak_lines: list[pg.InfiniteLine] = []
-        self._heat = np.zeros((self.max_steps, 0), dtype=np.float32)  # (step, layer), ms
+        self._heat = np.zeros((self.max_steps, 16), dtype=np.float32)  # ring (step, layer), ms
 
         self.graphics = pg.GraphicsLayoutWidget(self)
         self.graphics.setBackground("w")
         self.bar_plot = self.graphics.addPlot(row=0, col=0, title="Last forward: time per layer")
         self.bar_plot.setLabel("left", "time (ms)")
         self.bar_plot.showGrid(y=True, alpha=0.25)
-        self.bar_plot.addLegend(offset=(10, 5), labelTextSize="8pt")
+        self.bar_plot.addLegend(
+            offset=(10, 5), labelTextSize="8pt", colCount=2, brush=pg.mkBrush(255, 255, 255, 210)
+        )
         self.compute_bars = pg.BarGraphItem(
             x=[], height=[], width=_BAR_WIDTH, brush=_COMPUTE_COLOR, name="compute"
         )
@@ -77,6 +92,22 @@ class TransferPlot(QWidget):
             pen=pg.mkPen("#000000", width=1.5, style=Qt.PenStyle.DashLine),
             name="predicted",
         )
+        self.at_peak_curve = self.bar_plot.plot(
+            [],
+            [],
+            stepMode="center",
+            connect="finite",
+            pen=pg.mkPen(_PEAK_COLOR, width=1.5, style=Qt.PenStyle.DotLine),
+            name="transfer at link peak",
+        )
+        self.overlap_points = pg.ScatterPlotItem(
+            symbol="t1",
+            size=9,
+            pen=None,
+            brush=pg.mkBrush(_PEAK_COLOR),
+            name="overlapped by prefetch",
+        )
+        self.bar_plot.addItem(self.overlap_points)
         self.bw_plot = self.graphics.addPlot(row=1, col=0, title="Achieved bandwidth vs link peak")
         self.bw_plot.setLabel("left", "GB/s")
         self.bw_plot.setLabel("bottom", "layer index")
@@ -115,14 +146,20 @@ class TransferPlot(QWidget):
     # -- data in -------------------------------------------------------------------------
     def set_layers(self, modules: Sequence[str]) -> None:
         """Fix the layer order (row/bar index); unknown modules seen later are appended."""
-        for name in modules:
-            self._index(name)
+        new = [name for name in dict.fromkeys(modules) if name not in self._index_of]
+        if not new:
+            return
+        self._reserve(len(self._layers) + len(new))
+        for name in new:
+            self._index_of[name] = len(self._layers)
+            self._layers.append(name)
+        self._mark_stale("bars", "prediction", "heat")
 
     def set_prediction(self, predicted_s: Mapping[str, float]) -> None:
         """Show the speed model's predicted time per module (seconds) as a dashed step line."""
         self._predicted_s = {str(k): float(v) for k, v in predicted_s.items()}
         self.set_layers(list(self._predicted_s))
-        self._dirty = True
+        self._mark_stale("prediction")
 
     def set_peak_bandwidth(self, peaks_gbps: Mapping[str, float]) -> None:
         """Draw the peak bandwidth (GB/s) of each link, keyed by source tier (``"cpu"``...)."""
@@ -141,21 +178,44 @@ class TransferPlot(QWidget):
             )
             self.bw_plot.addItem(line)
             self._peak_lines.append(line)
+        self._mark_stale("bars")
+
+    @property
+    def prediction(self) -> dict[str, float]:
+        """The speed model's predicted seconds per module, as drawn."""
+        return dict(self._predicted_s)
+
+    @property
+    def peaks_gbps(self) -> dict[str, float]:
+        """The link peaks drawn, GB/s by source tier."""
+        return dict(self._peaks_gbps)
 
     def add_forward(self, timings: Sequence[LayerTiming]) -> None:
         """Record one forward: the bars show it and the heatmap gains a column (drawn on the
         next timer tick, or by ``refresh()``)."""
-        for timing in timings:
-            self._index(timing.module)
+        index_of = self._index_of
+        columns = [index_of.get(timing.module, -1) for timing in timings]
+        if -1 in columns:
+            self.set_layers([timing.module for timing in timings])
+            columns = [index_of[timing.module] for timing in timings]
         self._history.append(list(timings))
-        if len(self._history) > self.max_steps:
-            self._history.pop(0)
-            self._heat[:-1] = self._heat[1:].copy()
-        column = np.zeros(len(self._layers), dtype=np.float32)
-        for timing in timings:
-            column[self._layers.index(timing.module)] = (timing.transfer_s + timing.compute_s) * 1e3
-        self._heat[len(self._history) - 1] = column
-        self._dirty = True
+        row = self._heat[self._forwards_seen % self.max_steps]
+        row[:] = 0.0
+        row[columns] = [(timing.transfer_s + timing.compute_s) * 1e3 for timing in timings]
+        self._forwards_seen += 1
+        self._mark_stale("bars", "heat")
+
+    def at_peak_s(self, timing: LayerTiming) -> float | None:
+        """Return how long ``timing``'s bytes take at its link's peak bandwidth, or None."""
+        peak = self._peaks_gbps.get(_tier(timing.source))
+        if not timing.nbytes or not peak:
+            return None
+        return timing.nbytes / (peak * 1e9)
+
+    def overlapped(self, timing: LayerTiming) -> bool:
+        """True when the measured transfer beat the link's peak: prefetch overlapped it."""
+        at_peak = self.at_peak_s(timing)
+        return at_peak is not None and timing.transfer_s < at_peak * _OVERLAP_MARGIN
 
     # -- data out ------------------------------------------------------------------------
     @property
@@ -171,8 +231,12 @@ class TransferPlot(QWidget):
         return list(self._history[-1]) if self._history else []
 
     def heatmap(self) -> np.ndarray:
-        """Return a copy of the heatmap, shape (steps, layers), in milliseconds."""
-        return self._heat[: len(self._history)].copy()
+        """Return a copy of the heatmap, shape (steps, layers), oldest step first, in ms."""
+        steps, layers = len(self._history), len(self._layers)
+        end = self._forwards_seen % self.max_steps
+        if steps < self.max_steps or end == 0:
+            return self._heat[:steps, :layers].copy()
+        return np.concatenate([self._heat[end:, :layers], self._heat[:end, :layers]])
 
     def hover_text_at(self, x: float, y: float) -> str:
         """Describe the bar under view coordinates ``(x, y)``: module, bytes, GB/s; "" if none."""
@@ -184,7 +248,7 @@ class TransferPlot(QWidget):
         ):
             return ""
         module = self._layers[index]
-        timing = next((t for t in self._history[-1] if t.module == module), None)
+        timing = self._last_by_module().get(module)
         if (
             timing is None
             or not 0 <= y <= max((timing.transfer_s + timing.compute_s) * 1e3, 1e-9) * 1.05
@@ -198,6 +262,14 @@ class TransferPlot(QWidget):
         ]
         if module in self._predicted_s:
             lines.append(f"predicted {self._predicted_s[module] * 1e3:.2f} ms")
+        at_peak = self.at_peak_s(timing)
+        if at_peak is not None:
+            peak = self._peaks_gbps[_tier(timing.source)]
+            lines.append(
+                f"at the {_tier(timing.source)} link peak ({peak:.1f} GB/s): {at_peak * 1e3:.2f} ms"
+            )
+            if self.overlapped(timing):
+                lines.append("faster than the link: overlapped by prefetch")
         return "\n".join(lines)
 
     def to_csv(self) -> str:
@@ -223,7 +295,7 @@ class TransferPlot(QWidget):
                 writer.writerow(
                     [
                         step,
-                        self._layers.index(timing.module),
+                        self._index_of[timing.module],
                         timing.module,
                         _tier(timing.source),
                         timing.nbytes,
@@ -258,21 +330,33 @@ class TransferPlot(QWidget):
     def reset(self) -> None:
         """Forget every recorded forward (layers, prediction and peaks stay)."""
         self._history.clear()
+        self._forwards_seen = 0
         self._heat[:] = 0
+        self._mark_stale("bars", "heat")
         self.refresh()
 
     def clear_layers(self) -> None:
         """Forget the layers, the prediction and every forward (a new model was loaded)."""
         self._layers.clear()
+        self._index_of.clear()
         self._predicted_s.clear()
         self._history.clear()
-        self._heat = np.zeros((self.max_steps, 0), dtype=np.float32)
+        self._forwards_seen = 0
+        self._heat = np.zeros((self.max_steps, 16), dtype=np.float32)
+        self._mark_stale("bars", "prediction", "heat")
         self.refresh()
 
     def refresh(self) -> None:
-        """Draw the recorded forwards now."""
-        self._redraw_bars()
-        self._redraw_heat()
+        """Draw now the parts whose data changed since the last redraw."""
+        if "bars" in self._stale:
+            self._redraw_bars()
+        if "prediction" in self._stale:
+            self._redraw_prediction()
+        if self._stale & {"bars", "prediction"}:
+            self._fit_bar_y()
+        if "heat" in self._stale:
+            self._redraw_heat()
+        self._stale.clear()
         self._dirty = False
         self.refresh_count += 1
 
@@ -281,15 +365,27 @@ class TransferPlot(QWidget):
             self.refresh()
 
     # -- drawing -------------------------------------------------------------------------
-    def _index(self, module: str) -> int:
-        if module not in self._layers:
-            self._layers.append(module)
-            self._heat = np.hstack([self._heat, np.zeros((self.max_steps, 1), dtype=np.float32)])
-        return self._layers.index(module)
+    def _mark_stale(self, *parts: str) -> None:
+        self._stale.update(parts)
+        self._dirty = True
+
+    def _reserve(self, layers: int) -> None:
+        """Grow the heat ring to hold ``layers`` columns (capacity doubles: amortised O(1))."""
+        capacity = self._heat.shape[1]
+        if layers <= capacity:
+            return
+        while capacity < layers:
+            capacity *= 2
+        grown = np.zeros((self.max_steps, capacity), dtype=np.float32)
+        grown[:, : self._heat.shape[1]] = self._heat
+        self._heat = grown
+
+    def _last_by_module(self) -> dict[str, LayerTiming]:
+        return {t.module: t for t in self._history[-1]} if self._history else {}
 
     def _redraw_bars(self) -> None:
         last = self._history[-1] if self._history else []
-        x = np.array([self._layers.index(t.module) for t in last], dtype=float)
+        x = np.array([self._index_of[t.module] for t in last], dtype=float)
         transfer_ms = np.array([t.transfer_s * 1e3 for t in last])
         compute_ms = np.array([t.compute_s * 1e3 for t in last])
         tiers = [_tier(t.source) for t in last]
@@ -310,23 +406,54 @@ class TransferPlot(QWidget):
                 self._tier_bars[tier] = bars
             bars.setOpts(x=x[mask] if len(x) else [], height=transfer_ms[mask] if len(x) else [])
         self.compute_bars.setOpts(x=x, y0=transfer_ms, height=compute_ms)
+        self._redraw_at_peak(last)
+        moved = [t for t in last if t.nbytes]
+        brushes = [pg.mkBrush(device_qcolor(t.source)) for t in moved]
+        bw_x = [self._index_of[t.module] for t in moved]
+        self.bw_points.setData(x=bw_x, y=[t.gbps for t in moved], brush=brushes)
+
+    def _redraw_at_peak(self, last: Sequence[LayerTiming]) -> None:
+        """Per layer, the transfer time at the link's peak, and a marker on overlapped bars."""
+        at_peak_ms = np.full(len(self._layers), np.nan)
+        overlap_x, overlap_y = [], []
+        for timing in last:
+            at_peak = self.at_peak_s(timing)
+            if at_peak is None:
+                continue
+            index = self._index_of[timing.module]
+            at_peak_ms[index] = at_peak * 1e3
+            if self.overlapped(timing):
+                overlap_x.append(index)
+                overlap_y.append((timing.transfer_s + timing.compute_s) * 1e3)
+        if np.isfinite(at_peak_ms).any():
+            edges = np.arange(len(self._layers) + 1, dtype=float) - 0.5
+            self.at_peak_curve.setData(edges, at_peak_ms, stepMode="center", connect="finite")
+        else:
+            self.at_peak_curve.setData([], [])
+        self.overlap_points.setData(x=overlap_x, y=overlap_y)
+
+    def _fit_bar_y(self) -> None:
+        """Fit y to the tallest bar or line, with the top third left to the legend."""
+        last = self._history[-1] if self._history else []
+        tops = [(t.transfer_s + t.compute_s) * 1e3 for t in last]
+        tops += [(self.at_peak_s(t) or 0.0) * 1e3 for t in last]
+        tops += [v * 1e3 for v in self._predicted_s.values()]
+        self.bar_plot.setYRange(0.0, max([*tops, 1e-3]) * 1.5, padding=0)
+
+    def _redraw_prediction(self) -> None:
         if self._predicted_s:
             predicted = np.array([self._predicted_s.get(m, np.nan) * 1e3 for m in self._layers])
             edges = np.arange(len(self._layers) + 1, dtype=float) - 0.5
             self.predicted_curve.setData(edges, np.nan_to_num(predicted), stepMode="center")
         else:
             self.predicted_curve.setData([], [])
-        brushes = [pg.mkBrush(device_qcolor(t.source)) for t in last if t.nbytes]
-        bw_x = [self._layers.index(t.module) for t in last if t.nbytes]
-        bw_y = [t.gbps for t in last if t.nbytes]
-        self.bw_points.setData(x=bw_x, y=bw_y, brush=brushes)
 
     def _redraw_heat(self) -> None:
         steps = len(self._history)
         if steps == 0 or not self._layers:
             self.heat_image.clear()
             return
-        data = self._heat[:steps]
+        data = self.heatmap()
         self.heat_image.setImage(data, autoLevels=False, levels=(0.0, max(float(data.max()), 1e-6)))
 
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
