@@ -79,10 +79,16 @@ def _hover_slowest_bar(window: Any, qtbot: Any) -> tuple[str, str]:
         return x0 <= index <= x1 and y1 >= top_ms
 
     qtbot.waitUntil(bar_in_view, timeout=5000)  # the bar chart auto-ranges on its next paint
-    scene_pos = view_box.mapViewToScene(QPointF(index, top_ms / 2))
     viewport = plot.graphics.viewport()
-    qtbot.mouseMove(viewport, plot.graphics.mapFromScene(scene_pos))
-    qtbot.waitUntil(QToolTip.isVisible, timeout=5000)
+    heights = iter([0.4, 0.6] * 50)  # a move to where the mouse already is sends no event
+
+    def hovered() -> bool:
+        # map anew on every try: a late repaint may still move the view
+        scene_pos = view_box.mapViewToScene(QPointF(index, top_ms * next(heights)))
+        qtbot.mouseMove(viewport, plot.graphics.mapFromScene(scene_pos))
+        return QToolTip.isVisible()
+
+    qtbot.waitUntil(hovered, timeout=5000)
     return slowest.module, QToolTip.text()
 
 

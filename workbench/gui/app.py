@@ -66,8 +66,12 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
         window.open_source(open_source)
     elif pending is not None:
         window.offer_restore(pending)
-    if not demo and not open_source:
-        from workbench.models.warmup import start_warm_up
+    from workbench.models.warmup import start_warm_up, wait_for_warm_up
 
+    if not demo and not open_source:
         start_warm_up()  # transformers imports while the user picks a model
-    return app.exec()
+    code = app.exec()
+    # A quit within seconds of the start must not leave the warm-up importing while the
+    # interpreter shuts down (a daemon thread inside an import can crash the exit).
+    wait_for_warm_up()
+    return code
