@@ -17,7 +17,7 @@ import importlib.util
 import logging
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QUndoStack
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -47,6 +47,7 @@ from workbench.gui.window_actions import (
     dropped_paths,
     handle_dropped_path,
     refresh_recent_menu,
+    retint_action_icons,
 )
 from workbench.gui.window_hardware import WindowHardwareMixin
 from workbench.gui.window_persistence import WindowPersistenceMixin
@@ -332,6 +333,12 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         """The main execution device (first GPU of the budgets, else cpu): where the reserve goes."""
         gpus = sorted(d for d in self.session.budgets if isinstance(d, int))
         return gpus[0] if gpus else "cpu"
+
+    def changeEvent(self, event: QEvent) -> None:
+        """Re-tint the toolbar icons when the system switches between light and dark."""
+        if event.type() in (QEvent.Type.ApplicationPaletteChange, QEvent.Type.PaletteChange):
+            retint_action_icons(self)
+        super().changeEvent(event)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.save_window_state()

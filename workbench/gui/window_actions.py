@@ -27,6 +27,23 @@ if TYPE_CHECKING:
 MAX_LANE_SHORTCUTS = 9
 
 
+ICON_NAME_PROPERTY = "workbenchIconName"
+
+
+def set_action_icon(action: QAction, name: str) -> None:
+    """Give ``action`` the palette-tinted icon ``name`` and remember the name for re-tinting."""
+    action.setProperty(ICON_NAME_PROPERTY, name)
+    action.setIcon(icon(name))
+
+
+def retint_action_icons(window: Any) -> None:
+    """Tint every named action icon of ``window`` anew for the current palette."""
+    for action in window.findChildren(QAction):
+        name = action.property(ICON_NAME_PROPERTY)
+        if name:
+            action.setIcon(icon(name))
+
+
 def _action(
     window: MainWindow,
     text: str,
@@ -40,7 +57,7 @@ def _action(
     if shortcut is not None:
         action.setShortcut(QKeySequence(shortcut))
     if icon_name:
-        action.setIcon(icon(icon_name))
+        set_action_icon(action, icon_name)
     if tip:
         action.setStatusTip(tip)
         action.setToolTip(tip)
@@ -136,10 +153,10 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     }
     undo = window.undo_stack.createUndoAction(window, "&Undo")
     undo.setShortcut(QKeySequence.StandardKey.Undo)
-    undo.setIcon(icon("undo"))
+    set_action_icon(undo, "undo")
     redo = window.undo_stack.createRedoAction(window, "&Redo")
     redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence.StandardKey.Redo])
-    redo.setIcon(icon("redo"))
+    set_action_icon(redo, "redo")
     actions["undo"], actions["redo"] = undo, redo
 
     bar = window.menuBar()
