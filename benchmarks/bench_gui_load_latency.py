@@ -271,6 +271,23 @@ def main() -> None:
             f"plots' CPU cost at rest: {plots_cpu:.1%} of one core "
             f"({'PASS' if plots_cpu < 0.05 else 'FAIL'} < 5%)"
         )
+    base = results["idle"]["p99"] or 1e-3
+    print(
+        f"{'scenario':<11} {'ticks':>6} {'p50 ms':>8} {'p99 ms':>9} {'max ms':>9} {'load s':>7} {'p99/idle':>9}"
+    )
+    for name, row in results.items():
+        print(
+            f"{name:<11} {row['ticks']:6.0f} {row['p50']:8.2f} {row['p99']:9.2f} {row['max']:9.1f} "
+            f"{row.get('load_s', float('nan')):7.1f} {row['p99'] / base:9.1f}x"
+        )
+    if "worker" in results:
+        p99 = results["worker"]["p99"]
+        print(
+            f"worker p99 {p99:.1f} ms: {'PASS' if p99 < TARGET_P99_MS else 'FAIL'} (target < {TARGET_P99_MS:.0f} ms)"
+        )
+        for name in ("gui-thread", "py-thread"):
+            if name in results:
+                print(f"  {name} p99 / worker p99 = {results[name]['p99'] / max(p99, 1e-3):.0f}x")
     window.close()
     app.processEvents()
 
