@@ -362,3 +362,28 @@ def test_cuda_round_trip_and_loader_device(tmp_path: Path) -> None:
     loaded = OffloadedWeightsLoader(save_folder=tmp_path, device=0)["w"]
     assert loaded.device == torch.device("cuda:0")
     assert torch.equal(_bits(loaded), _bits(weight))
+
+
+def test_a_failed_swap_puts_every_replaced_file_back(tmp_path: Path, monkeypatch) -> None:
+    """Re-offloading over an existing folder: when a rename fails midway (the OS refuses it),
+    the files already swapped in go back, so the old index still names the old bytes."""
+    from workbench.big_modeling import file_swap
+
+    old = {"a": torch.full((4,), 1.0), "b": torch.full((4,), 2.0), "c": torch.full((4,), 3.0)}
+    offload_state_dict(tmp_path, old)
+    real_replace = file_swap.os.replace
+
+    def refuse_the_second_swap(src, dst):  # os is shared: pick the swap of b's new data
+        if str(src).endswith(".tmp") and Path(dst).name == "b.dat":
+            raise OSError(5, "Input/output error")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(file_swap.os, "replace", refuse_the_second_swap)
+    new = {name: torch.full((8,), 9.0, dtype=torch.float16) for name in old}
+    with pytest.raises(OffloadError, match="previous index and its files are unchanged"):
+        offload_state_dict(tmp_path, new)
+    monkeypatch.setattr(file_swap.os, "replace", real_replace)
+    loader = OffloadedWeightsLoader(save_folder=tmp_path, map_cache_bytes=0)
+    for name, tensor in old.items():
+        torch.testing.assert_close(loader[name], tensor, rtol=0, atol=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.dat", "b.dat", "c.dat", "index.json"]

@@ -36,6 +36,7 @@ from safetensors import safe_open
 from workbench.big_modeling.atomic import atomic_path
 from workbench.big_modeling.devices import to_torch_device
 from workbench.big_modeling.errors import CheckpointError, OffloadError
+from workbench.big_modeling.file_swap import drop_kept, put_back, swap_in
 from workbench.big_modeling.mapped_files import MappedFileCache
 from workbench.big_modeling.progress import CancelToken, LoadProgress, ProgressCallback
 
@@ -280,20 +281,27 @@ def save_offload_index(
 
 
 def _commit(folder: Path, merged: dict[str, Any], staged: list[tuple[Path, Path]]) -> None:
-    """Rename staged data files into place and write the index; the index lands last."""
+    """Swap staged data files into place and write the index; the index lands last.
+
+    Until it has, each replaced file is kept aside and put back when anything fails, so the
+    previous index always names the bytes it described.
+    """
+    moved: list[tuple[Path, Path | None]] = []
     try:
         with atomic_path(folder / INDEX_NAME) as tmp_index:
             tmp_index.write_text(json.dumps(merged, indent=2), encoding="utf-8")
             for tmp, final in staged:
-                os.replace(tmp, final)
-    except CheckpointError:
+                moved.append((final, swap_in(tmp, final)))
+    except BaseException as exc:
+        put_back(moved)
+        if isinstance(exc, OSError) and not isinstance(exc, (CheckpointError, OffloadError)):
+            raise OffloadError(
+                exc.errno or errno.EIO,
+                f"cannot write {folder / INDEX_NAME}: {exc.strerror or exc}; the previous index "
+                "and its files are unchanged. Free disk space or choose another offload folder.",
+            ) from exc
         raise
-    except OSError as exc:
-        raise OffloadError(
-            exc.errno or errno.EIO,
-            f"cannot write {folder / INDEX_NAME}: {exc.strerror or exc}; the previous index is "
-            "unchanged. Free disk space or choose another offload folder.",
-        ) from exc
+    drop_kept(moved)
 
 
 def offload_state_dict(

@@ -29,6 +29,7 @@ import torch
 
 from workbench.big_modeling.checkpoint import TensorInfo
 from workbench.big_modeling.errors import OffloadError
+from workbench.big_modeling.file_swap import drop_kept, put_back, swap_in
 from workbench.big_modeling.offload import dtype_name, raw_weight_path, save_offload_index
 
 logger = logging.getLogger(__name__)
@@ -179,17 +180,10 @@ class OffloadStager:
         moved: list[tuple[Path, Path | None]] = []  # (final, the old file set aside or None)
         try:
             for tmp, final in self._staged:
-                aside = _set_aside(final)
-                try:
-                    os.replace(tmp, final)
-                except BaseException:
-                    if aside is not None:
-                        os.replace(aside, final)
-                    raise
-                moved.append((final, aside))
+                moved.append((final, swap_in(tmp, final)))
             save_offload_index(self.entries, self.folder)
         except BaseException as exc:
-            _put_back(moved)
+            put_back(moved)
             self.abort()
             if isinstance(exc, OSError) and not isinstance(exc, OffloadError):
                 raise OffloadError(
@@ -200,14 +194,7 @@ class OffloadStager:
             raise
         self._staged = []
         self.created = None  # the folder now holds this load's index: never remove it
-        for _final, aside in moved:
-            if aside is not None:
-                try:
-                    aside.unlink()
-                except OSError as exc:
-                    logger.warning(
-                        "cannot remove %s after committing the offload folder: %s", aside, exc
-                    )
+        drop_kept(moved)
 
     def abort(self) -> None:
         """Remove every staged file (and the folder if this load created it); idempotent."""
@@ -218,29 +205,6 @@ class OffloadStager:
         if self.created is not None:
             _remove_empty_tree(self.folder, self.created)
             self.created = None
-
-
-def _set_aside(final: Path) -> Path | None:
-    """Keep the file now at ``final`` under a hidden name; None when there is none."""
-    if not os.path.lexists(final):
-        return None
-    aside = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.old")
-    try:
-        os.link(final, aside, follow_symlinks=False)  # no window in which ``final`` is missing
-    except OSError:
-        os.rename(final, aside)  # a filesystem without hard links
-    return aside
-
-
-def _put_back(moved: list[tuple[Path, Path | None]]) -> None:
-    for final, aside in reversed(moved):
-        try:
-            if aside is not None:
-                os.replace(aside, final)
-            else:
-                final.unlink(missing_ok=True)
-        except OSError as exc:
-            logger.error("cannot restore %s in the offload folder: %s", final, exc)
 
 
 def _remove_empty_tree(folder: Path, top: Path) -> None:
