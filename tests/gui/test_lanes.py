@@ -6,26 +6,14 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from PySide6.QtCore import QItemSelectionModel, QPoint, QPointF, Qt
+from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QDragMoveEvent, QDropEvent
+from tree_selection import select_rows
 
 from workbench.gui.map_edit import compact_names
 from workbench.gui.tree_model import modules_mime_data
 
 pytestmark = pytest.mark.gui
-
-
-def _select(window, names: list[str]) -> None:
-    panel = window.tree_panel
-    panel.view.expandAll()
-    selection = panel.view.selectionModel()
-    selection.clearSelection()
-    for name in names:
-        index = panel.proxy.mapFromSource(window.tree_model.index_of(name))
-        assert index.isValid(), name
-        selection.select(
-            index, QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows
-        )
 
 
 def _drop(lane, mime) -> QDropEvent:
@@ -42,7 +30,7 @@ def _drop(lane, mime) -> QDropEvent:
 
 def test_dropping_selected_rows_moves_them_as_one_undo_step(tiny_window) -> None:
     window = tiny_window
-    _select(window, ["layers.1", "layers.2"])
+    select_rows(window, ["layers.1", "layers.2"])
     indexes = window.tree_view.selectionModel().selectedIndexes()
     mime = window.tree_panel.proxy.mimeData(indexes)  # what a real drag carries
     event = _drop(window.lanes.lane(0), mime)
@@ -138,7 +126,7 @@ def test_uncovered_modules_are_listed_as_problems(tiny_window) -> None:
 
 def test_ctrl_number_moves_the_selection_to_that_lane(tiny_window, qtbot) -> None:
     window = tiny_window
-    _select(window, ["layers.3"])
+    select_rows(window, ["layers.3"])
     window.tree_view.setFocus()
     qtbot.keyClick(window.tree_view, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)
     assert window.session.device_map["layers.3"] == 1  # lane 2 = cuda:1

@@ -3,12 +3,12 @@ icons from ``resources/``, the Hugging Face cache browser, and the detected-hard
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hub_cache import make_hub_cache_entry
 from PySide6.QtCore import QByteArray, QSize, Qt
 from PySide6.QtGui import QColor, QIcon, QImage, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
@@ -193,28 +193,12 @@ def test_window_icon_is_the_app_icon_from_resources(qapp, main_window) -> None:
 # --- Hugging Face cache browser --------------------------------------------------------------
 
 
-def _hub_cache(root: Path, repo_id: str, source: Path) -> Path:
-    """Lay out a hub cache entry as huggingface_hub does: blobs, a snapshot, refs/main."""
-    repo = root / f"models--{repo_id.replace('/', '--')}"
-    commit = "89abcdef0123456789abcdef0123456789abcdef"
-    snapshot = repo / "snapshots" / commit
-    (repo / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    for file in sorted(source.iterdir()):
-        blob = repo / "blobs" / f"blob-{file.name}"
-        shutil.copy(file, blob)
-        (snapshot / file.name).symlink_to(blob)
-    return snapshot
-
-
 def test_cache_browser_lists_the_cached_repo_and_opens_it(
     qtbot, main_window, demo_dir, tmp_path, monkeypatch
 ) -> None:
     from workbench.gui.cache_browser import CacheBrowser
 
-    snapshot = _hub_cache(tmp_path / "hf-home" / "hub", "acme/tiny-llama", demo_dir)
+    snapshot = make_hub_cache_entry(tmp_path / "hf-home" / "hub", "acme/tiny-llama", demo_dir)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))

@@ -4,26 +4,14 @@ context menu, Ctrl+Z / Ctrl+Shift+Z and the undo history view."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QItemSelectionModel, QPoint, Qt
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu
+from tree_selection import select_rows
 
 from workbench.gui.tree_model import modules_mime_data
 
 pytestmark = pytest.mark.gui
-
-
-def _select(window, names: list[str]) -> None:
-    panel = window.tree_panel
-    panel.view.expandAll()
-    selection = panel.view.selectionModel()
-    selection.clearSelection()
-    for name in names:
-        index = panel.proxy.mapFromSource(window.tree_model.index_of(name))
-        assert index.isValid(), name
-        selection.select(
-            index, QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows
-        )
 
 
 def _press(qtbot, widget, key, modifiers) -> None:
@@ -40,7 +28,7 @@ def test_ctrl_number_still_moves_after_the_edit_move_menu_was_shown(tiny_window,
     window.move_menu.close()
     shortcuts = [a.shortcut().toString() for a in window.findChildren(QAction)]
     assert shortcuts.count("Ctrl+2") == 1  # one action per shortcut: never ambiguous
-    _select(window, ["layers.3"])
+    select_rows(window, ["layers.3"])
     _press(qtbot, window.tree_view, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)
     assert window.session.device_map["layers.3"] == 1
     window.move_menu.actions()[3].trigger()  # the menu entry itself moves the selection
@@ -51,7 +39,7 @@ def test_tree_context_menu_moves_the_selection_and_is_deleted_when_closed(
     tiny_window, qtbot
 ) -> None:
     window = tiny_window
-    _select(window, ["layers.1"])
+    select_rows(window, ["layers.1"])
     before = len(window.findChildren(QMenu))
     position = window.tree_view.visualRect(
         window.tree_panel.proxy.mapFromSource(window.tree_model.index_of("layers.1"))

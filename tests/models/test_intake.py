@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hub_cache import make_hub_cache_entry
 
 from workbench.big_modeling.errors import BadInputError
 from workbench.models.errors import ModelSourceError
@@ -150,27 +151,11 @@ def test_bad_sources_say_what_to_open(tmp_path: Path, demo_llama_dir: Path) -> N
         open_model(demo_llama_dir, dtype="float13")
 
 
-def _fake_hub_cache(root: Path, repo_id: str, source: Path) -> Path:
-    """Lay out a hub cache entry the way huggingface_hub does: blobs, a snapshot, refs/main."""
-    repo = root / f"models--{repo_id.replace('/', '--')}"
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    snapshot = repo / "snapshots" / commit
-    (repo / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    for file in sorted(source.iterdir()):
-        blob = repo / "blobs" / f"blob-{file.name}"
-        shutil.copy(file, blob)
-        (snapshot / file.name).symlink_to(blob)
-    return snapshot
-
-
 def test_hf_cache_lists_and_opens_offline(
     tmp_path: Path, demo_llama_dir: Path, monkeypatch
 ) -> None:
     cache = tmp_path / "hub"
-    snapshot = _fake_hub_cache(cache, "acme/tiny-llama", demo_llama_dir)
+    snapshot = make_hub_cache_entry(cache, "acme/tiny-llama", demo_llama_dir)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     cached = list_cached_models()
     assert [model.repo_id for model in cached] == ["acme/tiny-llama"]
