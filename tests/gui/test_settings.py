@@ -143,3 +143,13 @@ def test_undoing_a_budget_edit_also_restores_the_saved_budgets(main_window) -> N
     assert app_settings.last_hardware() == ("test-2x24g", original)
     window.undo_stack.redo()
     assert app_settings.last_hardware()[1][0] == 1024**3
+
+
+def test_first_run_window_takes_most_of_the_screen_and_fits_it(main_window) -> None:
+    area = main_window.screen().availableGeometry()
+    size = main_window.size()
+    minimum = main_window.minimumSizeHint()
+    assert size.width() <= max(area.width(), minimum.width())
+    assert size.height() <= max(area.height(), minimum.height())
+    assert size.width() >= min(area.width(), 1400) or size.width() == minimum.width()
+    assert size.height() >= min(area.height(), 900) or size.height() == minimum.height()

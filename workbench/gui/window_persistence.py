@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMessageBox, QPushButton, QWidget
 
 from workbench.gui import settings as app_settings
@@ -82,13 +83,25 @@ class WindowPersistenceMixin:
         if saved["geometry"] is not None:
             self.restoreGeometry(saved["geometry"])
         else:
-            self.resize(1400, 900)
+            self._first_run_size()
         if saved["state"] is not None:
             self.restoreState(saved["state"])
         else:  # first run: a compact bottom dock once the window has its real size
             QTimer.singleShot(0, self._default_dock_sizes)
         if saved["splitters"]["main"] is not None:
             self.main_splitter.restoreState(saved["splitters"]["main"])
+
+    def _first_run_size(self) -> None:
+        """Nine tenths of the screen (at least 1400 x 900 where the screen allows)."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:
+            self.resize(1400, 900)
+            return
+        area = screen.availableGeometry()
+        self.resize(
+            min(area.width(), max(1400, area.width() * 9 // 10)),
+            min(area.height(), max(900, area.height() * 9 // 10)),
+        )
 
     def _default_dock_sizes(self) -> None:
         self.resizeDocks([self.bottom_dock], [200], Qt.Orientation.Vertical)
