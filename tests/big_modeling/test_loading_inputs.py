@@ -168,29 +168,14 @@ def test_dispatch_passes_skip_keys_and_preload_classes(
 MISSPELT_MAP = {"": "cpu", "blokcs.1": "disk"}
 
 
-def test_unknown_map_key_fails_before_reading(sharded_ckpt: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "load", [load_checkpoint_in_model, load_checkpoint_and_dispatch], ids=lambda f: f.__name__
+)
+def test_unknown_map_key_fails_before_reading(load, sharded_ckpt: Path, tmp_path: Path) -> None:
     reports: list[LoadProgress] = []
     model = empty_model()
     with pytest.raises(DeviceMapError, match=r"does not have: blokcs\.1\. Check the spelling"):
-        load_checkpoint_in_model(
-            model,
-            sharded_ckpt,
-            device_map=MISSPELT_MAP,
-            offload_folder=tmp_path / "off",
-            progress=reports.append,
-        )
-    assert reports == [] and not (tmp_path / "off").exists()
-    assert all(p.device.type == "meta" for p in model.parameters())
-    # checked before the checkpoint is even opened
-    with pytest.raises(DeviceMapError, match=r"blokcs\.1"):
-        load_checkpoint_in_model(empty_model(), tmp_path / "absent", device_map=MISSPELT_MAP)
-
-
-def test_dispatch_unknown_map_key_fails_before_loading(sharded_ckpt: Path, tmp_path: Path) -> None:
-    reports: list[LoadProgress] = []
-    model = empty_model()
-    with pytest.raises(DeviceMapError, match=r"does not have: blokcs\.1\. Check the spelling"):
-        load_checkpoint_and_dispatch(
+        load(
             model,
             sharded_ckpt,
             device_map=MISSPELT_MAP,
@@ -200,6 +185,9 @@ def test_dispatch_unknown_map_key_fails_before_loading(sharded_ckpt: Path, tmp_p
     assert reports == [] and not (tmp_path / "off").exists()
     assert all(p.device.type == "meta" for p in model.parameters())
     assert not hasattr(model, "hf_device_map")
+    # checked before the checkpoint is even opened
+    with pytest.raises(DeviceMapError, match=r"blokcs\.1"):
+        load(empty_model(), tmp_path / "absent", device_map=MISSPELT_MAP)
 
 
 def _cancel_after_first_tensor(token: CancelToken):

@@ -8,7 +8,7 @@ import warnings
 import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QDragMoveEvent, QDropEvent
-from tree_selection import select_rows
+from user_input import select_rows
 
 from workbench.gui.map_edit import compact_names
 from workbench.gui.tree_model import modules_mime_data

@@ -4,9 +4,8 @@ the contract GUI part 2 builds on, errors, drops, speed prediction, app identity
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QApplication, QTabWidget, QToolBar
+from user_input import drop_file
 
 from workbench import APP_ID, APP_NAME
 from workbench.gui.tree_model import modules_mime_data
@@ -92,16 +91,7 @@ def test_a_bad_source_shows_an_error_and_the_window_keeps_working(
 @pytest.mark.slow  # opens a model with transformers on a worker thread
 def test_dropping_a_model_folder_opens_it(qtbot, main_window, demo_dir) -> None:
     window = main_window
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(demo_dir))])
-    event = QDropEvent(
-        QPointF(5, 5),
-        Qt.DropAction.CopyAction,
-        mime,
-        Qt.MouseButton.LeftButton,
-        Qt.KeyboardModifier.NoModifier,
-    )
-    window.dropEvent(event)
+    event = drop_file(window, demo_dir)
     assert event.isAccepted()
     qtbot.waitUntil(lambda: window.session.tree is not None, timeout=60_000)
     qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=5000)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QDropEvent, QGuiApplication
+from PySide6.QtGui import QGuiApplication
+from user_input import drop_file
 
 from workbench.gui import map_io
 from workbench.gui.tree_model import modules_mime_data
@@ -102,16 +102,7 @@ def test_dropping_a_map_file_on_the_window_opens_the_import_dialog(tiny_window, 
     window = tiny_window
     path = tmp_path / "drop.json"
     path.write_text(json.dumps({"": 1}))
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(path))])
-    event = QDropEvent(
-        QPointF(10, 10),
-        Qt.DropAction.CopyAction,
-        mime,
-        Qt.MouseButton.LeftButton,
-        Qt.KeyboardModifier.NoModifier,
-    )
-    window.dropEvent(event)
+    drop_file(window, path)
     dialogs = [d for d in window.findChildren(map_io.ImportDialog) if d.isVisible()]
     assert len(dialogs) == 1 and dialogs[0].problems == []
     dialogs[0].accept()
@@ -177,16 +168,7 @@ def test_a_non_utf8_file_dropped_or_diffed_gives_a_clear_error(tiny_window, tmp_
     path = tmp_path / "latin1.json"
     path.write_bytes('{"embed": "cpu", "n\u00e4me": 0}'.encode("latin-1"))
     assert show_diff_against_file(window, str(path)) is None
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(path))])
-    event = QDropEvent(
-        QPointF(10, 10),
-        Qt.DropAction.CopyAction,
-        mime,
-        Qt.MouseButton.LeftButton,
-        Qt.KeyboardModifier.NoModifier,
-    )
-    window.dropEvent(event)
+    drop_file(window, path)
     assert [title for title, _ in window.errors] == [
         "Cannot read device map",
         "Cannot import device map",

@@ -7,7 +7,7 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu
-from tree_selection import select_rows
+from user_input import select_rows
 
 from workbench.gui.tree_model import modules_mime_data
 

@@ -362,17 +362,10 @@ def _device_from_dict(raw: Any, where: str) -> DeviceSpec:
     if memory_bytes == 0:
         raise ProfileError(f"{where}: 'memory' must be above 0 bytes, got {raw['memory']!r}")
     free_bytes = _memory(raw, "free", where) if raw.get("free") is not None else None
-    if device == "disk":
-        tflops = _positive(raw, "compute_tflops", 0.0, where, allow_zero=True)
-        bandwidth = _positive(raw, "memory_bandwidth_gbps", 0.0, where, allow_zero=True)
-    elif device == "cpu":
-        tflops = _positive(raw, "compute_tflops", DEFAULT_CPU_TFLOPS, where)
-        bandwidth = _positive(
-            raw, "memory_bandwidth_gbps", DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS, where
-        )
-    else:
-        tflops = _positive(raw, "compute_tflops", GENERIC_GPU_TFLOPS, where)
-        bandwidth = _positive(raw, "memory_bandwidth_gbps", GENERIC_GPU_BANDWIDTH_GBPS, where)
+    # left out (0.0), a CPU's or GPU's speeds take typical values in ``DeviceSpec``
+    disk = device == "disk"
+    tflops = _positive(raw, "compute_tflops", 0.0, where, allow_zero=disk)
+    bandwidth = _positive(raw, "memory_bandwidth_gbps", 0.0, where, allow_zero=disk)
     return DeviceSpec(
         device=device,
         name=str(raw.get("name", device)),

@@ -1,0 +1,37 @@
+"""What a user does with the mouse, for GUI tests: select tree rows, drop files on the window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QItemSelectionModel, QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+
+
+def select_rows(window: Any, names: list[str]) -> None:
+    """Expand the tree and select exactly the rows of ``names`` in the view."""
+    panel = window.tree_panel
+    panel.view.expandAll()
+    selection = panel.view.selectionModel()
+    selection.clearSelection()
+    for name in names:
+        index = panel.proxy.mapFromSource(window.tree_model.index_of(name))
+        assert index.isValid(), name
+        selection.select(
+            index, QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows
+        )
+
+
+def drop_file(window: Any, path: Any) -> QDropEvent:
+    """Drop ``path`` (a file or folder) on ``window`` as a file manager would; return the event."""
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    event = QDropEvent(
+        QPointF(10, 10),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    window.dropEvent(event)
+    return event
