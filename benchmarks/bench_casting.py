@@ -28,15 +28,18 @@ layer against ~18 us for a plain ``Linear``) and by PyTorch's fp8 cast kernel (5
 
 On CPU (2 shared AMD EPYC cores, torch 2.13, ``--layers 12 --width 4096``) the up-cast, not
 the matmul, dominates: PyTorch's fp8 cast is a scalar loop (~100 ms per 4096x4096 weight) plus
-~25 ms of page faults for a fresh 32 MiB copy. Ours up-casts by a table look-up into a reused
-scratch buffer (``casting_kernels``, ``casting_scratch``): ~30 ms per weight. Ratio to plain
-bf16, two runs each (``ours_never``: ``Tensor.to`` into the scratch buffer):
+~25 ms of page faults for a fresh 32 MiB copy. Ours up-casts by a table look-up, two codes per
+look-up, into a reused scratch buffer (``casting_kernels``, ``casting_scratch``): 11-14 ms per
+weight, on one thread or two (the gather does not run in parallel). Ratio to plain bf16
+(``ours_never``: ``Tensor.to`` into the scratch buffer), 2026-11-30:
 
-    --threads 1   batch   1: ours 5.9-6.8x  ours_never 19x    accelerate 25-28x  (plain 65 ms)
-                  batch   8: ours 2.1-2.2x  ours_never 4.6-4.9x  accelerate 6.0-6.8x  (341 ms)
-    --threads 2   batch   1: ours 8.7-10x   ours_never 12-13x  accelerate 17x  (plain 104-204 ms)
-                  batch   8: ours 3.1-3.3x  ours_never 4.3-4.7x  accelerate 5.2-7.3x (181-398 ms)
-                  batch 128: ours 1.2-2.1x  ours_never 1.2-2.5x  accelerate 1.4-2.3x (2.7-5.3 s)
+    --threads 1   batch   1: ours 3.1-3.4x  ours_never 22x   accelerate 29-30x  (plain 51-54 ms)
+                  batch   8: ours 1.45x     ours_never 4.8x  accelerate 5.6x    (334 ms)
+    --threads 2   batch   1: ours 5.7x      ours_never 23x   accelerate 33x     (plain 30 ms)
+                  batch   8: ours 1.8x      ours_never 4.8x  accelerate 6.7x    (172 ms)
+
+With two threads the plain forward's matmuls run on both cores but the look-up does not, so at
+batch 1 the ratio is worse than on one thread.
 
 With 2 threads on 2 cores shared with other jobs every OpenMP region can wait for a descheduled
 thread, so those figures swing 2x from run to run; ``--threads 1`` is steadier.

@@ -29,13 +29,28 @@ def _assert_same_as_to(fast: torch.Tensor, stored: torch.Tensor) -> None:
     assert torch.equal(bytes_fast, bytes_slow)  # NaN payloads and -0 too
 
 
-@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    "compute", [torch.bfloat16, torch.float16, torch.float32, torch.float64], ids=str
+)
 @pytest.mark.parametrize("storage", [FP8, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize(
     "layout",
     [
-        # 16,400*256 = 4,198,400 codes: one full chunk of 4,194,304, then a partial one
-        pytest.param(lambda dtype: _every_code(16_400, dtype), id="two_chunks"),
+        # 8,200*256 = 2,099,200 codes: one full chunk of 2,097,152, then a partial one
+        pytest.param(lambda dtype: _every_code(8_200, dtype), id="two_chunks"),
+        # every two-code word once: each entry of the pair table is read
+        pytest.param(
+            lambda dtype: (
+                torch.arange(1 << 16, dtype=torch.int32)
+                .to(torch.uint16)
+                .view(torch.uint8)
+                .view(dtype)
+                .view(256, 512)
+            ),
+            id="every_pair",
+        ),
+        # an odd count of codes cannot be read as 16-bit pairs: the one-code table does it
+        pytest.param(lambda dtype: _every_code(3, dtype).reshape(-1)[:-1], id="odd_count"),
         pytest.param(lambda dtype: _every_code(64, dtype).t(), id="transposed"),
         pytest.param(
             lambda dtype: _every_code(6, dtype).view(6, 16, 16).permute(2, 0, 1), id="permuted_3d"
@@ -49,8 +64,17 @@ def test_cpu_fp8_kernel_is_bit_exact_for_every_code(compute, storage, layout) ->
     assert fp8_upcast_cpu_into(stored, out)
     _assert_same_as_to(out, stored)
     if stored.numel() > _CPU_CHUNK_NUMEL:  # the tail chunk is written too
-        # 4,194,304 / 256 = 16,384 rows in the first chunk; 16 rows after it, 0x7F in each
+        # 2,097,152 / 256 = 8,192 rows in the first chunk; 8 rows after it, 0x7F in each
         assert out.reshape(-1)[_CPU_CHUNK_NUMEL:].view(-1, 256)[:, 0x7F].isnan().all()
+
+
+def test_cpu_fp8_kernel_handles_an_odd_offset_into_storage() -> None:
+    stored = _every_code(4).reshape(-1)[1:-1]  # 1,022 codes starting at byte 1 of the storage
+    backing = torch.full((stored.numel() + 1,), 7.0, dtype=torch.bfloat16)
+    out = backing[1:]  # and the results starting at element 1: no aligned 32-bit view
+    assert fp8_upcast_cpu_into(stored, out)
+    _assert_same_as_to(out, stored)
+    assert backing[0].item() == 7.0
 
 
 def test_cpu_fp8_kernel_declines_what_it_cannot_do() -> None:
