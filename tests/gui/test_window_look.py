@@ -259,3 +259,17 @@ def test_detected_hardware_gives_this_machines_cpu_budget(qtbot, clean_settings)
         assert shown_gib == pytest.approx(fresh["cpu"] / 1024**3, rel=0.05)
     finally:
         window.close()
+
+
+def test_first_run_planner_dock_shows_the_whole_form_without_sideways_scrolling(
+    qtbot: Any, main_window: Any
+) -> None:
+    main_window.resize(1600, 900)
+    main_window._default_dock_sizes()
+    scroll = main_window.planner_dock.widget()
+    qtbot.waitUntil(
+        lambda: scroll.viewport().width() >= main_window.planner_panel.minimumSizeHint().width()
+    )
+    assert not scroll.horizontalScrollBar().isVisible()
+    # narrow enough that the tree and the lanes keep most of the window
+    assert main_window.planner_panel.minimumSizeHint().width() <= 1600 // 3

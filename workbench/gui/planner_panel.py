@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
+    QGridLayout,
     QHBoxLayout,
     QLineEdit,
     QPushButton,
@@ -175,20 +176,18 @@ class PlannerPanel(QWidget):
         form.addRow("Budgets", self.budget_editor)
         form.addRow("Planning dtype", self.dtype_combo)
         form.addRow("No-split classes", self.no_split_edit)
-        reserve_row = QHBoxLayout()
-        for widget in (
-            self.reserve_by_shape,
-            self.batch_spin,
-            self.seq_spin,
-            self.reserve_by_bytes,
-            self.reserve_gib,
-        ):
-            reserve_row.addWidget(widget)
-        form.addRow("Reserve", reserve_row)
-        strategies_row = QHBoxLayout()
-        for check in self.strategy_checks.values():
-            strategies_row.addWidget(check)
-        form.addRow("Strategies", strategies_row)
+        # two rows, two columns: the panel stays narrow enough to sit beside the tree and lanes
+        reserve_grid = QGridLayout()
+        reserve_grid.addWidget(self.reserve_by_shape, 0, 0)
+        reserve_grid.addWidget(self.batch_spin, 0, 1)
+        reserve_grid.addWidget(self.seq_spin, 0, 2)
+        reserve_grid.addWidget(self.reserve_by_bytes, 1, 0)
+        reserve_grid.addWidget(self.reserve_gib, 1, 1)
+        form.addRow("Reserve", reserve_grid)
+        strategies_grid = QGridLayout()
+        for position, check in enumerate(self.strategy_checks.values()):
+            strategies_grid.addWidget(check, position // 2, position % 2)
+        form.addRow("Strategies", strategies_grid)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.compare_button)

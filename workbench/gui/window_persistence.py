@@ -104,8 +104,15 @@ class WindowPersistenceMixin:
         )
 
     def _default_dock_sizes(self) -> None:
+        """A compact bottom dock; a planner dock wide enough for its form, no sideways scroll."""
         self.resizeDocks([self.bottom_dock], [200], Qt.Orientation.Vertical)
-        self.resizeDocks([self.planner_dock], [560], Qt.Orientation.Horizontal)
+        scroll = self.planner_dock.widget()
+        needed = (
+            self.planner_panel.minimumSizeHint().width()
+            + scroll.verticalScrollBar().sizeHint().width()
+        )
+        width = min(max(560, needed + 8), self.width() // 3)
+        self.resizeDocks([self.planner_dock], [width], Qt.Orientation.Horizontal)
 
     def save_window_state(self) -> None:
         """Remember geometry, docks and splitters (also done on close)."""
