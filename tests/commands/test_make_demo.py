@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +87,85 @@ def test_the_library_warns_and_reports_its_stages(tmp_path: Path) -> None:
     stages.clear()
     make_demo(tmp_path / "e", params="500K", shards=2, progress=stages.append)  # no warning
     assert stages == list(DEMO_STAGES)
+
+
+def test_the_library_reports_each_shard_within_the_writing_stage(tmp_path: Path) -> None:
+    from workbench.big_modeling import CheckpointIndex
+    from workbench.big_modeling.shards import ShardProgress
+    from workbench.models.demo import DEMO_STAGES, make_demo
+
+    events: list[str | ShardProgress] = []
+    folder = make_demo(
+        tmp_path / "d",
+        params="500K",
+        shards=3,
+        progress=events.append,
+        shard_progress=events.append,
+    )
+    files = sorted(path.name for path in folder.glob("*.safetensors"))
+    assert len(files) == 3
+    shards = events[3:-1]
+    assert events[:3] == list(DEMO_STAGES[:3]) and events[-1] == DEMO_STAGES[3]
+    assert [(r.shards_done, r.num_shards, r.file_name) for r in shards] == [
+        (0, 3, ""),
+        *[(k, 3, name) for k, name in enumerate(files, start=1)],
+    ]
+    stored_nbytes = CheckpointIndex.from_path(folder).total_nbytes  # read from the headers
+    assert [r.bytes_total for r in shards] == [stored_nbytes] * 4
+    assert shards[-1].bytes_done == stored_nbytes
+    assert [r.bytes_done for r in shards] == sorted({r.bytes_done for r in shards})
+
+
+def _run_on_a_terminal(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
+    """Run ``argv`` with stderr on a pseudo-terminal (200 columns, so tqdm draws its bar);
+    return ``(exit_code, stdout, terminal_output)``."""
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary
+    )
+    os.close(secondary)
+    terminal = bytearray()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([primary], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            try:
+                data = os.read(primary, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            terminal += data
+        stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(primary)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, stdout.decode(), terminal.decode(errors="replace")
+
+
+@pytest.mark.slow  # a subprocess that imports torch and transformers
+def test_a_terminal_sees_each_shard_being_written_in_order(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    argv = [sys.executable, "-m", "workbench", "make-demo", str(folder)]
+    code, out, terminal = _run_on_a_terminal([*argv, "--params", "1M", "--shards", "3"], 240)
+    assert code == 0, terminal
+    assert "in 3 shard(s)" in out
+    # tqdm redraws the line as "making llama demo: STAGE:  40%|####  | 2/5 [...]"
+    shown = re.findall(r"making llama demo: ([^\r\n:|]+):\s+\d+%", terminal)
+    steps = [text for k, text in enumerate(shown) if k == 0 or shown[k - 1] != text]
+    assert steps == [
+        "writing tokenizer",
+        "making random weights",
+        "writing shards",
+        "writing shard 1 of 3",
+        "writing shard 2 of 3",
+        "writing shard 3 of 3",
+        "wrote 3 shards",
+        "writing config",
+        "opening the demo",
+    ], terminal

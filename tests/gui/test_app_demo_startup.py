@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PySide6.QtCore import QCoreApplication, QEvent, QTimer
@@ -70,7 +71,7 @@ def test_the_window_processes_events_while_the_demo_is_made(qtbot, main_window, 
     """The maker blocks until the GUI thread runs a timer: it cannot be on the GUI thread."""
     gui_ran = threading.Event()
 
-    def make_after_the_gui_ran() -> Path:
+    def make_after_the_gui_ran(**_reporters: Any) -> Path:
         if not gui_ran.wait(timeout=30):
             raise TimeoutError("the GUI thread processed no event while the demo was made")
         return demo_dir
@@ -109,3 +110,51 @@ def test_a_demo_that_cannot_be_made_is_reported_with_its_path(
     assert main_window.session.tree is None
     box.close()
     qtbot.waitUntil(lambda: not running_threads(), timeout=10_000)
+
+
+@pytest.mark.slow  # makes a 1M demo, then opens it with transformers
+@pytest.mark.gui
+def test_making_the_demo_counts_its_shards_on_the_bar_up_to_the_last(
+    qtbot, main_window, tmp_path, monkeypatch
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(cache))
+    monkeypatch.setenv(DEMO_PARAMS_ENV, "1M")
+    bar = main_window.busy_bar
+    shown: list[tuple[int, int]] = []  # (value, maximum) each time the bar moves
+    on_gui_thread: list[bool] = []
+    messages: list[str] = []
+
+    def on_bar_value(value: int) -> None:
+        shown.append((value, bar.maximum()))
+        on_gui_thread.append(threading.current_thread() is threading.main_thread())
+
+    bar.valueChanged.connect(on_bar_value)
+    main_window.statusBar().messageChanged.connect(messages.append)
+
+    start_demo(main_window)
+    qtbot.waitUntil(
+        lambda: main_window.session.tree is not None or bool(main_window.errors), timeout=120_000
+    )
+    assert not main_window.errors, main_window.errors
+    qtbot.waitUntil(lambda: not running_threads(), timeout=10_000)
+
+    folder = cache / "demo-llama-1m"
+    assert main_window.session.source == str(folder)
+    shards = len(list(folder.glob("*.safetensors")))
+    assert shards == 4  # the cached demo is written in 4 shards
+    assert [step for step in shown if step[0] >= 0] == [(k, shards) for k in range(shards + 1)]
+    assert on_gui_thread and all(on_gui_thread)
+    prefix = "Making the demo model: "
+    stages = [m.removeprefix(prefix).removesuffix("…") for m in messages if m.startswith(prefix)]
+    assert stages == [
+        "writing tokenizer",
+        "making random weights",
+        "writing shards",
+        *[f"writing shard {k} of {shards}" for k in range(1, shards + 1)],
+        f"wrote {shards} shards",
+        "writing config",
+    ]
+    # opened: the bar is hidden and a plain busy indicator again for the next task
+    assert not bar.isVisibleTo(main_window)
+    assert (bar.minimum(), bar.maximum()) == (0, 0)

@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from workbench.big_modeling.shards import ShardProgress
     from workbench.big_modeling.sizes import format_nbytes, format_param_count
     from workbench.commands.inspect import stage_progress
     from workbench.models.demo import DEMO_STAGES, make_demo
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
             bar.update(stages.index(stage) - bar.n)
             bar.set_description_str(f"making {args.arch} demo: {stage}")
 
+        def on_shard(report: ShardProgress) -> None:
+            bar.set_description_str(f"making {args.arch} demo: {report.describe()}")
+
         folder = make_demo(
             args.folder,
             arch=args.arch,
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             overwrite=args.overwrite,
             progress=on_stage,
+            shard_progress=on_shard,
         )
         on_stage(stages[-1])
         opened = open_model(folder)

@@ -3,6 +3,8 @@
 The first ``workbench --demo`` writes a 60M-parameter checkpoint (tens of seconds); later runs
 find it cached. Either way the folder is made on a worker thread while the status bar says so
 and the window's busy indicator runs, then the window opens it like any other model folder.
+While a demo is being made the status bar names each stage ("writing shard 3 of 4") and the
+busy bar turns into a shard count; the reports reach the window as queued signals.
 
 Environment:
     WORKBENCH_DEMO_PARAMS: size of the demo (default ``60M``), e.g. ``2M`` for a quick look.
@@ -18,11 +20,15 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox
 
 from workbench.gui.workers import TaskThread
+
+if TYPE_CHECKING:
+    from workbench.big_modeling.shards import ShardCallback, ShardProgress
 
 logger = logging.getLogger(__name__)
 
@@ -36,29 +42,75 @@ def demo_params() -> str:
     return os.environ.get(DEMO_PARAMS_ENV) or DEFAULT_DEMO_PARAMS
 
 
-def make_demo_folder(params: str | None = None) -> Path:
+def make_demo_folder(
+    params: str | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    shard_progress: ShardCallback | None = None,
+) -> Path:
     """Return the cached llama demo folder of ``params`` (default :func:`demo_params`),
-    making it first when missing. Runs on the worker thread; touches no widget."""
+    making it first when missing. Runs on the worker thread; touches no widget.
+
+    ``progress`` and ``shard_progress`` are called (on the worker thread) while a demo is made;
+    see ``workbench.models.make_demo``."""
     from workbench.models import demo_model_dir
 
-    return demo_model_dir("llama", params or demo_params())
+    return demo_model_dir(
+        "llama", params or demo_params(), progress=progress, shard_progress=shard_progress
+    )
 
 
-def start_demo(window: QMainWindow, make: Callable[[], Path] = make_demo_folder) -> TaskThread:
+class DemoProgress(QObject):
+    """Carries the maker's reports from the worker thread to the window.
+
+    It lives on the GUI thread, so emitting its signals from the worker queues the slots there.
+    """
+
+    stage_started = Signal(str)
+    shard_written = Signal(object)  # ShardProgress
+
+    def __init__(self, window: QMainWindow) -> None:
+        super().__init__(window)
+        self._window = window
+        self.stage_started.connect(self._on_maker_stage_started)
+        self.shard_written.connect(self._on_maker_shard_written)
+
+    @Slot(str)
+    def _on_maker_stage_started(self, stage: str) -> None:
+        self._window.statusBar().showMessage(f"Making the demo model: {stage}…")
+
+    @Slot(object)
+    def _on_maker_shard_written(self, report: ShardProgress) -> None:
+        bar = self._window.busy_bar
+        bar.setRange(0, report.num_shards)
+        bar.setValue(report.shards_done)
+        bar.setFormat("%v of %m shards")
+        self._window.statusBar().showMessage(f"Making the demo model: {report.describe()}…")
+
+
+def start_demo(window: QMainWindow, make: Callable[..., Path] = make_demo_folder) -> TaskThread:
     """Make (or find) the demo on a worker thread, then open it in ``window``.
 
     Args:
         window: the main window; it needs ``open_source(str)``, ``busy_bar`` and a status bar.
-        make: returns the demo folder; called on the worker thread.
+        make: returns the demo folder; called on the worker thread with the keyword arguments
+            ``progress`` (stage names) and ``shard_progress`` (``ShardProgress`` reports),
+            callables it may call from that thread.
 
     Returns:
         The running thread (named ``"make demo"``). The application waits for it before it
         quits, so an interrupted first run never leaves a half-made folder behind.
     """
-    thread = TaskThread(make, parent=window)
+    reports = DemoProgress(window)
+    thread = TaskThread(
+        make,
+        parent=window,
+        progress=reports.stage_started.emit,
+        shard_progress=reports.shard_written.emit,
+    )
     thread.setObjectName(DEMO_THREAD_NAME)
-    thread.succeeded.connect(lambda folder: _open_demo(window, folder))
-    thread.failed.connect(lambda exc: _report_failure(window, exc))
+    thread.succeeded.connect(lambda folder: _open_demo(window, folder, reports))
+    thread.failed.connect(lambda exc: _report_failure(window, exc, reports))
     app = QApplication.instance()
     if app is not None:
         app.aboutToQuit.connect(thread.wait)
@@ -69,16 +121,23 @@ def start_demo(window: QMainWindow, make: Callable[[], Path] = make_demo_folder)
     return thread
 
 
-def _open_demo(window: QMainWindow, folder: Path) -> None:
+def _done_making(window: QMainWindow, reports: DemoProgress) -> None:
     window.busy_bar.setVisible(False)
+    window.busy_bar.setRange(0, 0)  # back to a plain busy indicator for the next task
+    window.busy_bar.resetFormat()
+    reports.deleteLater()
+
+
+def _open_demo(window: QMainWindow, folder: Path, reports: DemoProgress) -> None:
+    _done_making(window, reports)
     if not window.isVisible():
         return  # closed while the demo was being made
     logger.info("demo model ready in %s", folder)
     window.open_source(str(folder))
 
 
-def _report_failure(window: QMainWindow, exc: BaseException) -> None:
-    window.busy_bar.setVisible(False)
+def _report_failure(window: QMainWindow, exc: BaseException, reports: DemoProgress) -> None:
+    _done_making(window, reports)
     window.statusBar().showMessage("Could not make the demo model", 5000)
     logger.error("could not make the demo model: %s", exc)
     box = QMessageBox(

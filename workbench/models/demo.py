@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from workbench.models.dtypes import parse_dtype
 from workbench.models.errors import ModelSourceError
 from workbench.models.tokenizer import save_demo_tokenizer
 from workbench.models.warmup import wait_for_warm_up
+
+if TYPE_CHECKING:
+    from workbench.big_modeling.shards import ShardCallback
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +192,7 @@ def make_demo(
     *,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
+    shard_progress: ShardCallback | None = None,
 ) -> Path:
     """Write a demo checkpoint folder (config, sharded safetensors + index, tokenizer).
 
@@ -204,6 +208,8 @@ def make_demo(
         seed: random seed for the weights.
         overwrite: replace an existing folder.
         progress: called with each stage of ``DEMO_STAGES`` as it starts.
+        shard_progress: called during ``"writing shards"`` with a ``ShardProgress`` before the
+            first shard and after each one (``report.describe()`` gives "writing shard 3 of 8").
 
     Returns:
         The folder.
@@ -244,7 +250,7 @@ def make_demo(
         stage(DEMO_STAGES[1])
         state_dict = _random_state_dict(config, seed, stored_dtype)
         stage(DEMO_STAGES[2])
-        save_sharded_checkpoint(state_dict, staging, num_shards=shards)
+        save_sharded_checkpoint(state_dict, staging, num_shards=shards, progress=shard_progress)
         written = len(list(staging.glob("*.safetensors")))
         if written < shards:
             warnings.warn(
@@ -320,12 +326,18 @@ def demo_cache_root() -> Path:
 
 
 def demo_model_dir(
-    arch: str = "llama", params: str = "60M", *, cache_root: str | os.PathLike[str] | None = None
+    arch: str = "llama",
+    params: str = "60M",
+    *,
+    cache_root: str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    shard_progress: ShardCallback | None = None,
 ) -> Path:
     """Return a cached demo folder, making it on first use (``~/.cache/.../demo-llama-60m``).
 
     Safe when several processes ask at once: each builds in its own temporary folder and the
-    first rename wins; the others discard theirs.
+    first rename wins; the others discard theirs. ``progress`` and ``shard_progress`` are
+    passed to ``make_demo`` and not called when the demo is cached.
     """
     root = Path(cache_root) if cache_root is not None else demo_cache_root()
     target = root / f"demo-{arch}-{str(params).lower()}"
@@ -334,7 +346,14 @@ def demo_model_dir(
     root.mkdir(parents=True, exist_ok=True)
     staging_parent = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
-        built = make_demo(staging_parent / target.name, arch=arch, params=params, shards=4)
+        built = make_demo(
+            staging_parent / target.name,
+            arch=arch,
+            params=params,
+            shards=4,
+            progress=progress,
+            shard_progress=shard_progress,
+        )
         with contextlib.suppress(OSError):  # another process won the race: use its folder
             os.rename(built, target)
     finally:
