@@ -60,7 +60,11 @@ import torch
 from torch import nn
 
 from workbench.big_modeling import attach_layerwise_casting_hooks
-from workbench.big_modeling.casting_kernels import _fp8_upcast_kernel, fp8_upcast_triton
+from workbench.big_modeling.casting_kernels import (
+    _fp8_upcast_kernel,
+    fp8_upcast_triton,
+    triton_failure,
+)
 
 STORAGE = torch.float8_e4m3fn
 COMPUTE = torch.bfloat16
@@ -146,7 +150,14 @@ def print_breakdown(
     bias = torch.randn(width, device=device).to(STORAGE)
     wide_weight, wide_bias = weight.to(COMPUTE), bias.to(COMPUTE)
     cast_s = median_s(timer, lambda: weight.to(COMPUTE), repeats)
-    has_kernel = weight.is_cuda and _fp8_upcast_kernel() is not None
+    # a launch that fails (no C compiler for Triton's launcher...) returns None: then no figure
+    has_kernel = (
+        weight.is_cuda
+        and _fp8_upcast_kernel() is not None
+        and fp8_upcast_triton(weight, COMPUTE) is not None
+    )
+    if weight.is_cuda and triton_failure:
+        print(f"the Triton up-cast kernel cannot run here: {triton_failure[0]}")
     kernel_s = (
         median_s(timer, lambda: fp8_upcast_triton(weight, COMPUTE), repeats)
         if has_kernel

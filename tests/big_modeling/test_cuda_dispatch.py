@@ -9,13 +9,16 @@ import pytest
 import torch
 from torch import nn
 
+from workbench.big_modeling.align_hook import _offloading_hook
 from workbench.big_modeling.dispatch import (
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,
     dispatch_model,
 )
+from workbench.big_modeling.planner import infer_auto_device_map
 from workbench.big_modeling.prefetch import disable_prefetch
+from workbench.big_modeling.sizes import get_max_memory
 from workbench.big_modeling.transfers import recording_transfers
 
 pytestmark = pytest.mark.gpu
@@ -144,3 +147,53 @@ def test_cpu_offload_with_hook_moves_models_in_turn() -> None:
     torch.testing.assert_close(out.cpu(), expected)
     hook2.offload()
     assert second.weight.device.type == "cpu"
+
+
+def test_prefetch_with_transfer_timing_is_exact(case) -> None:
+    """CUDA event timing on the compute stream while copies run on the prefetch side stream."""
+    model, ids, expected = case
+    offloaded = cpu_offload(copy.deepcopy(model), CUDA, prefetch=True)
+    events = []
+    with recording_transfers(events.append), torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(offloaded(ids.to(CUDA)).cpu(), expected)
+    assert offloaded._wb_prefetcher.hits > 0
+    transfers = [e for e in events if e.kind == "transfer"]
+    assert transfers and {e.destination for e in transfers} == {"cuda:0"}
+    assert all(e.end_s >= e.start_s for e in transfers)
+    disable_prefetch(offloaded)
+
+
+def test_prefetch_follows_a_replaced_weights_map(case) -> None:
+    """peft replaces a hook's weights_map after merging adapters: the pinned copies made for
+    the old weights must not be served any more."""
+    model, ids, _ = case
+    offloaded = cpu_offload(copy.deepcopy(model), CUDA, prefetch=True)
+    with torch.no_grad():
+        for _ in range(2):  # learn the order; pin the in-memory weights
+            offloaded(ids.to(CUDA))
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.layers[2].weight.mul_(-1)
+        expected = copy.deepcopy(changed).to(CUDA)(ids.to(CUDA)).cpu()
+    hook = _offloading_hook(offloaded.layers[2])
+    hook.weights_map = {n: t.detach().clone() for n, t in changed.layers[2].named_parameters()}
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(offloaded(ids.to(CUDA)).cpu(), expected)
+    assert offloaded._wb_prefetcher.hits > 0
+    disable_prefetch(offloaded)
+
+
+def test_detected_memory_plans_everything_onto_the_gpu(case) -> None:
+    """``get_max_memory()`` reads free memory with ``torch.cuda.mem_get_info``; a small model
+    then plans wholly onto cuda:0 and runs there."""
+    model, ids, expected = case
+    max_memory = get_max_memory()
+    assert 0 in max_memory and "cpu" in max_memory
+    assert 0 < max_memory[0] <= torch.cuda.get_device_properties(0).total_memory
+    device_map = infer_auto_device_map(copy.deepcopy(model), max_memory=max_memory)
+    assert set(device_map.values()) == {0}
+    dispatched = dispatch_model(copy.deepcopy(model), device_map)
+    with torch.no_grad():
+        torch.testing.assert_close(dispatched(ids.to(CUDA)).cpu(), expected)

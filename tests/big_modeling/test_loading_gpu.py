@@ -10,6 +10,8 @@ import torch
 from checkpoint_fixtures import TinyNet, empty_model, make_reference
 
 from workbench.big_modeling import load_checkpoint_and_dispatch, load_checkpoint_in_model, streaming
+from workbench.big_modeling.errors import LoadCancelled
+from workbench.big_modeling.progress import CancelToken, LoadProgress
 
 # session fixtures shared with the other loading tests
 reference_model = fx.reference_model
@@ -78,7 +80,7 @@ def test_in_place_load_into_cuda_model(sharded_ckpt: Path, reference_model: Tiny
 
 
 def test_large_tensor_upload_peak_gpu_memory(tmp_path: Path) -> None:
-    """256 MiB of weights: GPU memory grows by the weights only; pinned staging is 2 x 64 MiB."""
+    """256 MiB of weights: GPU memory grows by the weights only (staging is in pinned host memory)."""
     from safetensors.torch import save_file
 
     weight = torch.randn(8192, 8192)  # 8192*8192*4 B = 256 MiB
@@ -90,3 +92,33 @@ def test_large_tensor_upload_peak_gpu_memory(tmp_path: Path) -> None:
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before <= 256 * 2**20 + 2**20
     assert torch.equal(layer.weight.cpu(), weight)
+
+
+def test_cancel_mid_upload_then_reload_is_exact(
+    sharded_ckpt: Path, reference_model: TinyNet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel while chunks are in flight on the side stream: the load stops cleanly (the
+    stream is drained before the pinned buffers go), and a second load gives exact weights."""
+    monkeypatch.setattr(streaming, "READ_CHUNK_NBYTES", 96)  # many chunks per weight
+    token = CancelToken()
+    reports: list[LoadProgress] = []
+
+    def cancel_after_some_chunks(report: LoadProgress) -> None:
+        reports.append(report)
+        if len(reports) == 5:
+            token.cancel()
+
+    with pytest.raises(LoadCancelled):
+        load_checkpoint_in_model(
+            empty_model(),
+            sharded_ckpt,
+            device_map={"": 0},
+            progress=cancel_after_some_chunks,
+            cancel=token,
+        )
+    assert reports[-1].bytes_done < reports[-1].bytes_total  # stopped part-way
+    torch.cuda.synchronize()
+    model = empty_model()
+    load_checkpoint_in_model(model, sharded_ckpt, device_map={"": 0})
+    for name, tensor in reference_model.state_dict().items():
+        assert torch.equal(model.state_dict()[name].cpu(), tensor), name

@@ -114,3 +114,28 @@ def test_cpu_offload_prefetch_on_cpu_starts_no_thread(reference) -> None:
 def test_bad_disk_reads_mode() -> None:
     with pytest.raises(ValueError, match="disk_reads"):
         Prefetcher([], disk_reads="mmap")
+
+
+@pytest.mark.parametrize("disk_reads", ["populate", "read"])
+def test_disk_prefetch_follows_a_replaced_weights_map(
+    reference, tmp_path: Path, disk_reads
+) -> None:
+    """peft swaps a hook's weights_map after merging adapters: a read planned or done ahead
+    for the old map must not be served."""
+    from workbench.big_modeling.align_hook import _offloading_hook
+
+    model, x = reference
+    offloaded = disk_offload(copy.deepcopy(model), tmp_path, "cpu")
+    prefetcher = enable_prefetch(offloaded, disk_reads=disk_reads)
+    for _ in range(2):  # learn the order; layers.2 is now fetched ahead during layers.1
+        run(offloaded, x)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.layers[2].weight.mul_(-1)
+    expected = run(changed, x)
+    hook = _offloading_hook(offloaded.layers[2])
+    hook.weights_map = {n: t.detach().clone() for n, t in changed.layers[2].named_parameters()}
+    for _ in range(2):
+        torch.testing.assert_close(run(offloaded, x), expected, rtol=0, atol=0)
+    assert prefetcher.hits > 0
+    disable_prefetch(offloaded)

@@ -28,6 +28,7 @@ def _gpu_map(demo_config: dict) -> dict[str, object]:
 
 
 def test_memory_sample_reports_cuda_allocations() -> None:
+    torch.cuda.init()  # the sampler reports CUDA only once this process has initialised it
     before = take_memory_sample().cuda[0].allocated_bytes
     block = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda:0")  # 64 MiB
     sample = take_memory_sample()

@@ -173,6 +173,9 @@ class AlignDevicesHook(ModelHook):
         if value is not None:
             for slot in getattr(self, "_slots", ()):
                 slot.resolve(value)
+        prefetcher = getattr(self, "prefetcher", None)
+        if prefetcher is not None:
+            prefetcher.forget(self)  # what it fetched came from the old map
 
     @property
     def skip_keys(self) -> str | list[str] | None:
@@ -376,7 +379,7 @@ class AlignDevicesHook(ModelHook):
             start_s = time.perf_counter()
             if self._non_blocking:  # CUDA: time the copies on the GPU with events
                 start_event = torch.cuda.Event(enable_timing=True)
-                start_event.record()
+                start_event.record(torch.cuda.current_stream(self._device))
         prefetched = self.prefetcher.take(self) if self.prefetcher is not None else None
         device, non_blocking = self._device, self._non_blocking
         tied = self.tied_params_map

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ _FP8_UPCAST_FORMATS: dict[torch.dtype, tuple[int, int, int]] = {
 }
 _UPCAST_BLOCK = 4096
 _FAST_UPCAST_MIN_NUMEL = 1 << 22  # 4M elements: the kernel saves >= 6 us of GPU time there
+triton_failure: list[Exception] = []  # why the Triton kernel could not run in this process
 
 
 @functools.cache
@@ -71,13 +73,15 @@ def _fp8_upcast_kernel() -> Any:
 def fp8_upcast_triton(stored: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor | None:
     """Up-cast a contiguous CUDA ``float8_e4m3fn`` tensor with the Triton kernel.
 
-    Returns None when Triton is missing or the tensor or dtype does not qualify.
+    Returns None when Triton is missing, cannot run here (``triton_failure`` says why; it is
+    not tried again), or the tensor or dtype does not qualify.
     """
     if (
         stored.dtype != torch.float8_e4m3fn
         or not stored.is_cuda
         or compute_dtype not in _FP8_UPCAST_FORMATS
         or not stored.is_contiguous()
+        or triton_failure
     ):
         return None
     kernel = _fp8_upcast_kernel()
@@ -88,9 +92,27 @@ def fp8_upcast_triton(stored: torch.Tensor, compute_dtype: torch.dtype) -> torch
     if numel:
         mb, bd, nan = _FP8_UPCAST_FORMATS[compute_dtype]
         grid = (-(-numel // _UPCAST_BLOCK),)
-        kernel[grid](
-            stored.view(torch.uint8), out.view(torch.int16), numel, mb, bd, nan, _UPCAST_BLOCK
-        )
+        try:
+            with torch.cuda.device(stored.device):  # Triton launches on the current device
+                kernel[grid](
+                    stored.view(torch.uint8),
+                    out.view(torch.int16),
+                    numel,
+                    mb,
+                    bd,
+                    nan,
+                    _UPCAST_BLOCK,
+                )
+        except Exception as exc:  # e.g. no C compiler to build Triton's launcher, an old GPU
+            triton_failure.append(exc)
+            warnings.warn(
+                f"fp8 up-cast: the Triton kernel cannot run here ({exc}); using Tensor.to, "
+                "which is exact but slower. Install a C compiler (Triton builds its launcher "
+                "with one) or pass fp8_kernel='never' to silence this.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
     return out
 
 

@@ -36,7 +36,7 @@ def report_onload(
     device = hook._device
     if start_event is not None:
         end_event = torch.cuda.Event(enable_timing=True)
-        end_event.record()
+        end_event.record(torch.cuda.current_stream(device))  # the stream start_event is on
         end_event.synchronize()
         end_s = start_s + start_event.elapsed_time(end_event) / 1e3  # ms on the GPU clock
     else:

@@ -5,14 +5,14 @@
   new tensor's own buffer (no extra copy).
 - CPU, dtype cast: read and cast chunk by chunk through one reused staging buffer (extra = one
   work chunk, ``WORK_CHUNK_NBYTES``).
-- CUDA: read in 64 MiB chunks into two alternating pinned buffers, each copied to the GPU on a
+- CUDA: read in 16 MiB chunks into two alternating pinned buffers, each copied to the GPU on a
   side stream while the next chunk is read (disk reads overlap the host-to-device DMA); casts
   run on the GPU.
 - disk: a zero-copy pointer into the safetensors file when the dtype is kept; otherwise the
   cast bytes are staged in the offload folder chunk by chunk (read, cast, write). The model
   tensor becomes ``meta`` (right dtype).
 
-Progress is reported after every tensor and every chunk of a large one (reads: 64 MiB; read +
+Progress is reported after every tensor and every chunk of a large one (reads: 16 MiB; read +
 cast + write: ``WORK_CHUNK_NBYTES``), so reports come well within 100 ms of work; the cancel token
 is checked before each tensor and after every chunk. Tensors loaded before a cancel or an error stay
 loaded; the rest stay as they were (``meta`` for an empty model); offload files are removed.

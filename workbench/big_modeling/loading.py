@@ -88,7 +88,7 @@ def load_checkpoint_in_model(
         broadcast_from_rank0: Needs an initialised process group: rank 0 reads the files and
             broadcasts tensor by tensor; other ranks never open them.
         progress: Keyword-only. Called with ``LoadProgress(bytes_done, bytes_total, tensor_name)``
-            after every tensor and every chunk of a larger one (64 MiB read, 16 MiB read and
+            after every tensor and every chunk of a larger one (16 MiB read, 16 MiB read and
             cast or written to the offload folder), so well within 100 ms of work.
         cancel: Keyword-only. Checked before every tensor and after every chunk; a cancel raises
             ``LoadCancelled``. Tensors loaded so far stay loaded, untouched ones stay as they were

@@ -93,12 +93,12 @@ class Prefetcher:
         self.successor: dict[int, AlignDevicesHook] = {}
         self._previous: AlignDevicesHook | None = None
         self._pending: dict[int, tuple[Any, dict[str, Tensor]]] = {}
-        self._pinned: dict[int, Tensor] = {}
+        self._pinned: dict[int, tuple[Tensor, Tensor]] = {}  # id(slot) -> (stored, pinned)
         self._plans: dict[int, tuple[list, list[FileRange]]] = {}
         self._reads: dict[int, DiskJob] = {}
         self._advised: set[int] = set()
         self._header_cache: dict[str, Any] = {}
-        self._stream: Any = None
+        self._streams: dict[torch.device, Any] = {}  # one side stream per CUDA device
         self._requests: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
         self.hits = 0
@@ -196,6 +196,17 @@ class Prefetcher:
             weakref.finalize(self, self._requests.put, None)
         return self._requests
 
+    def forget(self, hook: AlignDevicesHook) -> None:
+        """Drop what was fetched, read or planned for ``hook`` (its weights_map was replaced)."""
+        self._pending.pop(id(hook), None)
+        self._plans.pop(id(hook), None)
+        self._advised.discard(id(hook))
+        for slot in hook.slots:
+            self._pinned.pop(id(slot), None)
+        job = self._reads.pop(id(hook), None)
+        if job is not None:
+            job.cancel()
+
     def discard(self) -> None:
         """Drop the prefetches not used yet and the memory they hold; the order stays learned."""
         jobs = list(self._reads.values())
@@ -214,27 +225,28 @@ class Prefetcher:
         if stored.device.type != "cpu":
             return stored
         if slot.stable:  # in-memory weights: pinned once, reused every forward
-            pinned = self._pinned.get(id(slot))
-            if pinned is None:
-                pinned = self._pinned[id(slot)] = stored.pin_memory()
-            return pinned
+            cached = self._pinned.get(id(slot))
+            if cached is None or cached[0] is not stored:  # a replaced weights_map: pin anew
+                cached = self._pinned[id(slot)] = (stored, stored.pin_memory())
+            return cached[1]
         return stored.pin_memory()  # disk weights: the caching host allocator recycles these
 
     def _fetch_cuda(self, hook: AlignDevicesHook) -> None:
         if id(hook) in self._pending:
             return
         device = hook._device
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device)
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
         fetched: dict[str, Tensor] = {}
-        with torch.cuda.stream(self._stream):
+        with torch.cuda.stream(stream):
             for slot in hook.slots:
                 if slot.tie is not None:
                     continue  # tied weights come from tied_params_map
                 source = self._pinned_source(slot)
                 fetched[slot.name] = source.to(device, dtype=slot.dtype, non_blocking=True)
             event = torch.cuda.Event()
-            event.record(self._stream)
+            event.record(stream)
         self._pending[id(hook)] = (event, fetched)
 
     def _take_cuda(self, hook: AlignDevicesHook) -> dict[str, Tensor] | None:
