@@ -22,7 +22,8 @@ from workbench.big_modeling.alignment import (
 from workbench.big_modeling.errors import CheckpointError, DeviceMapError
 from workbench.big_modeling.hooks import add_hook_to_module, remove_hook_from_module
 from workbench.big_modeling.io_moves import find_device, send_to_device
-from workbench.big_modeling.offload import OffloadedWeightsLoader, offload_state_dict
+from workbench.big_modeling.offload import offload_state_dict
+from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
 from workbench.big_modeling.transfers import recording_transfers
 
 META = torch.device("meta")

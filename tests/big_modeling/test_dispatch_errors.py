@@ -16,7 +16,8 @@ from workbench.big_modeling.dispatch import (
     dispatch_model,
 )
 from workbench.big_modeling.errors import CheckpointError, DeviceMapError
-from workbench.big_modeling.offload import OffloadedWeightsLoader, offload_state_dict
+from workbench.big_modeling.offload import offload_state_dict
+from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
 
 META = torch.device("meta")
 

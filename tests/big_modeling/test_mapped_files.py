@@ -11,11 +11,11 @@ import torch
 from workbench.big_modeling.errors import CheckpointError
 from workbench.big_modeling.mapped_files import MappedFileCache
 from workbench.big_modeling.offload import (
-    OffloadedWeightsLoader,
     load_offloaded_weight,
     offload_state_dict,
     raw_weight_path,
 )
+from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
 
 
 def _offloaded(tmp_path: Path, count: int = 3, numel: int = 1024) -> dict[str, torch.Tensor]:

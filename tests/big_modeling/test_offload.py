@@ -15,8 +15,6 @@ from safetensors.torch import save_file
 
 from workbench.big_modeling.errors import CheckpointError, LoadCancelled, OffloadError
 from workbench.big_modeling.offload import (
-    OffloadedWeightsLoader,
-    PrefixedDataset,
     disk_bytes_written,
     load_offload_index,
     load_offloaded_weight,
@@ -25,6 +23,7 @@ from workbench.big_modeling.offload import (
     remove_offloaded_files,
     save_offload_index,
 )
+from workbench.big_modeling.offload_loader import OffloadedWeightsLoader, PrefixedDataset
 from workbench.big_modeling.progress import CancelToken, LoadProgress
 
 

@@ -58,7 +58,7 @@ _EXPORTS: dict[str, str] = {
     "disk_offload": "dispatch",
     "enable_prefetch": "prefetch",
     "disable_prefetch": "prefetch",
-    "OffloadedWeightsLoader": "offload",
+    "OffloadedWeightsLoader": "offload_loader",
     "offload_state_dict": "offload",
     "offload_weight": "offload",
     "load_offloaded_weight": "offload",

@@ -48,7 +48,7 @@ def _child_name(module_name: str, child_name: str) -> str:
 def _prefixed(weights_map: Mapping[str, Tensor] | None, module_name: str) -> Any:
     if weights_map is None or not module_name:
         return weights_map
-    from workbench.big_modeling.offload import PrefixedDataset
+    from workbench.big_modeling.offload_loader import PrefixedDataset
 
     return PrefixedDataset(weights_map, f"{module_name}.")
 

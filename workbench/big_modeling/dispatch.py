@@ -184,7 +184,8 @@ def _dispatch_with_hooks(
     preload_module_classes: list[str] | None,
     prefetch: bool,
 ) -> None:
-    from workbench.big_modeling.offload import OffloadedWeightsLoader, offload_state_dict
+    from workbench.big_modeling.offload import offload_state_dict
+    from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
 
     offloaded = {"disk"} if main in ("cpu", "mps") else {"cpu", "disk"}
     model_state = model.state_dict(keep_vars=True)
@@ -354,7 +355,8 @@ def disk_offload(
         >>> import torch
         >>> model = disk_offload(torch.nn.Linear(2, 2), "offload")  # doctest: +SKIP
     """
-    from workbench.big_modeling.offload import OffloadedWeightsLoader, offload_state_dict
+    from workbench.big_modeling.offload import offload_state_dict
+    from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
 
     if not _has_index(offload_dir):
         state = model.state_dict()
