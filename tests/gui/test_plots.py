@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QImage
 
 from workbench.big_modeling.transfers import TransferEvent
@@ -150,6 +150,46 @@ def test_memory_plot_budgets_markers_and_csv(tmp_path, qtbot, memory_plot: Memor
     assert rows[1] == ["0.000", "1024", ""]
     assert rows[2] == ["1.000", "2048", "4096"]
     assert rows[3] == ["0.500", "", "", "marker: load start"]
+
+
+def test_file_backed_series_is_a_dashed_worker_line_and_the_last_csv_column(
+    tmp_path, qtbot, memory_plot: MemoryPlot
+) -> None:
+    for k in range(4):
+        memory_plot.append_sample(
+            10.0 + k,
+            {
+                "worker rss": (3 + k) * GIB,
+                "system available": 20 * GIB,
+                "worker file-backed": (k + 1) * GIB // 2,
+            },
+        )
+    memory_plot.append_sample(14.0, {"worker rss": 7 * GIB, "cuda:0 allocated": GIB})  # late GPU
+    memory_plot.refresh()
+    x, y = memory_plot.drawn_data("worker file-backed")
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert y[:4].tolist() == [0.5, 1.0, 1.5, 2.0] and np.isnan(y[4])  # GiB; a gap at the end
+    assert memory_plot.latest("worker file-backed") is None  # the GPU-only sample lacks it
+    rss_pen = memory_plot.curve("worker rss").opts["pen"]
+    file_pen = memory_plot.curve("worker file-backed").opts["pen"]
+    assert file_pen.style() == Qt.PenStyle.DashLine and rss_pen.style() == Qt.PenStyle.SolidLine
+    assert file_pen.color() == rss_pen.color()  # the worker's colour
+    legend = memory_plot.plot_widget.getPlotItem().legend
+    label = legend.getLabel(memory_plot.curve("worker file-backed")).text
+    assert label == "worker file-backed (part of rss, reclaimable)"
+    assert legend.getLabel(memory_plot.curve("worker rss")).text == "worker rss"
+
+    rows = list(csv.reader(io.StringIO(memory_plot.export_csv(tmp_path / "m.csv").read_text())))
+    assert rows[0] == [
+        "t_s",
+        "worker rss (bytes)",
+        "system available (bytes)",
+        "cuda:0 allocated (bytes)",
+        "worker file-backed (bytes)",  # last, though it appeared before the CUDA series
+    ]
+    gib = int(GIB)
+    assert rows[1] == ["0.000", str(3 * gib), str(20 * gib), "", str(gib // 2)]
+    assert rows[5] == ["4.000", str(7 * gib), "", str(gib), ""]
 
 
 def test_memory_plot_pause_freezes_display_and_resume_catches_up(qtbot, memory_plot) -> None:

@@ -214,6 +214,25 @@ def test_telemetry_feeds_the_memory_plot_with_budgets(window, qtbot) -> None:
     assert sorted(panels.memory_plot._budget_lines) == ["cpu", "cuda:0", "cuda:1"]
 
 
+def test_file_backed_bytes_feed_their_own_series_only_when_known(window, qtbot) -> None:
+    panels = window.runtime_panels
+    panels.bridge.start()
+    with qtbot.waitSignal(panels.bridge.telemetry, timeout=5000):
+        panels.bridge.host.play(TelemetrySample(100.0, 3 * GIB, 8 * GIB))  # not reported
+    assert panels.memory_plot.series_names == ["worker rss", "system available"]
+    with qtbot.waitSignal(panels.bridge.telemetry, timeout=5000):
+        panels.bridge.host.play(
+            TelemetrySample(101.0, 3 * GIB, 8 * GIB, file_backed_bytes=GIB + 4096)
+        )
+    assert panels.memory_plot.series_names == [
+        "worker rss",
+        "system available",
+        "worker file-backed",
+    ]
+    assert panels.memory_plot.latest("worker file-backed") == GIB + 4096
+    assert panels.memory_plot.latest("worker rss") == 3 * GIB
+
+
 def test_transfer_batches_fold_into_layer_bars(window, qtbot) -> None:
     panels = window.runtime_panels
     _loaded(window, qtbot)

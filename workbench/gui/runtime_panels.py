@@ -198,6 +198,8 @@ class RuntimePanels(QObject):
             values[f"cuda:{mem.device} reserved"] = mem.reserved_bytes
             if mem.nvml_used_bytes is not None:
                 values[f"cuda:{mem.device} nvml"] = mem.nvml_used_bytes
+        if sample.file_backed_bytes is not None:  # after the others: existing CSV columns stay
+            values["worker file-backed"] = sample.file_backed_bytes
         self.memory_plot.append_sample(sample.time_s, values)
 
     def _on_bridge_transfers(self, batch: TransferBatch) -> None:

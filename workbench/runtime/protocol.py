@@ -226,12 +226,18 @@ class CudaMemory:
 
 @dataclass(frozen=True)
 class TelemetrySample(Event):
-    """Memory at one instant (``time_s`` on the worker's ``time.time`` clock)."""
+    """Memory at one instant (``time_s`` on the worker's ``time.time`` clock).
+
+    ``file_backed_bytes`` is the part of ``rss_bytes`` that maps files (Linux ``RssFile``):
+    memory-mapped weights, clean and reclaimable. ``None`` where the platform does not say.
+    It comes last, so positional construction and events pickled without it still work.
+    """
 
     time_s: float
     rss_bytes: int
     available_bytes: int
     cuda: tuple[CudaMemory, ...] = ()
+    file_backed_bytes: int | None = None
 
 
 @dataclass(frozen=True)

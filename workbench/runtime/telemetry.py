@@ -46,6 +46,7 @@ __all__ = [
     "TransferHistory",
     "TransferRecorder",
     "group_layers",
+    "read_process_memory",
     "summarize_layers",
     "take_memory_sample",
 ]
@@ -59,15 +60,16 @@ DEFAULT_SAMPLE_HZ = 10.0
 # Memory: host-side history and the worker-side sampler
 # ------------------------------------------------------------------------------------------
 
-MEMORY_COLUMNS = ("time_s", "rss_bytes", "available_bytes")
+MEMORY_COLUMNS = ("time_s", "rss_bytes", "available_bytes", "file_backed_bytes")
 CUDA_COLUMNS = ("time_s", "allocated_bytes", "reserved_bytes", "nvml_used_bytes")
 
 
 class MemoryHistory:
     """The last ``capacity`` memory samples: one host buffer, one buffer per CUDA device.
 
-    ``host.snapshot()`` has columns ``MEMORY_COLUMNS``; ``cuda(0).snapshot()`` has
-    ``CUDA_COLUMNS`` (``nvml_used_bytes`` is NaN without NVML). GPU series appear only after a
+    ``host.snapshot()`` has columns ``MEMORY_COLUMNS`` (``file_backed_bytes`` is NaN where the
+    platform does not report it); ``cuda(0).snapshot()`` has ``CUDA_COLUMNS``
+    (``nvml_used_bytes`` is NaN without NVML). GPU series appear only after a
     sample mentions that device, so on CPU-only machines ``cuda_devices()`` stays empty.
     """
 
@@ -78,7 +80,15 @@ class MemoryHistory:
         self._lock = threading.Lock()
 
     def add(self, sample: TelemetrySample) -> None:
-        self.host.append((sample.time_s, sample.rss_bytes, sample.available_bytes))
+        file_backed = sample.file_backed_bytes
+        self.host.append(
+            (
+                sample.time_s,
+                sample.rss_bytes,
+                sample.available_bytes,
+                float("nan") if file_backed is None else file_backed,
+            )
+        )
         for mem in sample.cuda:
             buf = self._cuda.get(mem.device)
             if buf is None:
@@ -135,11 +145,59 @@ class _Nvml:
             return None
 
 
+_PROC_STATUS = "/proc/self/status"
+
+
+def read_process_memory(status_path: str = _PROC_STATUS) -> tuple[int, int | None]:
+    """Return this process's ``(rss_bytes, file_backed_bytes)``.
+
+    On Linux both come from one read of ``/proc/self/status``: ``VmRSS`` and ``RssFile``, the
+    resident pages of mapped files (memory-mapped weights and checkpoints, shared libraries).
+    They count in RSS, yet the kernel can drop them under pressure (read-only weights are
+    clean). ``RssShmem`` (tmpfs, ``/dev/shm``, shared anonymous memory), which psutil's
+    ``shared`` adds, is left out: it can only be swapped, not dropped. Elsewhere (no such
+    file, or a kernel before 4.5 without ``RssFile``) ``file_backed_bytes`` is ``None``.
+
+    Example:
+        >>> rss, file_backed = read_process_memory()
+        >>> file_backed is None or file_backed <= rss
+        True
+    """
+    try:
+        with open(status_path, "rb") as status:
+            text = status.read()
+    except OSError:
+        text = b""
+    rss = _status_bytes(text, b"VmRSS:")
+    if rss is None:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss), None
+    return rss, _status_bytes(text, b"RssFile:")
+
+
+def _status_bytes(text: bytes, key: bytes) -> int | None:
+    """Parse ``<key>  1234 kB`` out of ``/proc/<pid>/status`` text; ``None`` if absent."""
+    if text.startswith(key):
+        start = 0
+    else:
+        start = text.find(b"\n" + key) + 1  # a whole key, not the end of a longer one
+        if start == 0:
+            return None
+    end = text.find(b"\n", start + 1)
+    fields = text[start + len(key) : end if end >= 0 else len(text)].split()
+    try:
+        return int(fields[0]) * 1024  # the kernel writes kB meaning KiB
+    except (IndexError, ValueError):
+        return None
+
+
 def take_memory_sample(nvml: _Nvml | None = None) -> TelemetrySample:
-    """Measure this process's RSS, the system's available RAM and each CUDA device now."""
+    """Measure this process's RSS (and its file-backed part), the system's available RAM and
+    each CUDA device now."""
     import psutil
 
-    rss = psutil.Process().memory_info().rss
+    rss, file_backed = read_process_memory()
     available = psutil.virtual_memory().available
     cuda: list[CudaMemory] = []
     torch = _torch_if_cuda()
@@ -155,7 +213,11 @@ def take_memory_sample(nvml: _Nvml | None = None) -> TelemetrySample:
                 )
             )
     return TelemetrySample(
-        time_s=time.time(), rss_bytes=int(rss), available_bytes=int(available), cuda=tuple(cuda)
+        time_s=time.time(),
+        rss_bytes=rss,
+        available_bytes=int(available),
+        cuda=tuple(cuda),
+        file_backed_bytes=file_backed,
     )
 
 

@@ -40,7 +40,10 @@ _STYLE = {
     "nvml": Qt.PenStyle.DotLine,
     "rss": Qt.PenStyle.SolidLine,
     "available": Qt.PenStyle.DashDotLine,
+    "file-backed": Qt.PenStyle.DashLine,
 }
+_LEGEND_NOTE = {"file-backed": " (part of rss, reclaimable)"}  # kinds a bare name would mislead on
+_CSV_LAST = ("worker file-backed",)  # CSV columns added after the format was in use
 _MAX_MARKERS = 64
 _TAIL_PX = 256.0  # a tail wider than this folds into its body (a full redraw)
 _X_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)  # finer than y: little blank time on the right
@@ -103,8 +106,10 @@ class MemoryPlot(QWidget):
     """Live memory plot of the worker and the system.
 
     Series are named ``"<device> <kind>"``: ``"cuda:0 allocated"``, ``"cuda:0 reserved"``,
-    ``"cuda:0 nvml"``, ``"worker rss"``, ``"system available"``. Values are bytes; the axis
-    shows GiB. Times are seconds on any monotonic clock; the axis starts at the first sample.
+    ``"cuda:0 nvml"``, ``"worker rss"``, ``"worker file-backed"`` (the mapped-file part of the
+    rss, dashed; its legend says it is reclaimable), ``"system available"``. Values are bytes;
+    the axis shows GiB. Times are seconds on any monotonic clock; the axis starts at the first
+    sample.
 
     Example:
         >>> plot = MemoryPlot()  # doctest: +SKIP
@@ -254,14 +259,21 @@ class MemoryPlot(QWidget):
         return x, y
 
     def to_csv(self) -> str:
-        """Return the samples as CSV text: ``t_s`` then one column per series, in bytes."""
+        """Return the samples as CSV text: ``t_s`` then one column per series, in bytes.
+
+        Series come in the order they first appeared, except that ``"worker file-backed"``
+        (added to the format later) always comes last, so readers that count columns from the
+        left still find the ones they knew, with or without CUDA series.
+        """
+        names = self._ring.names
+        order = sorted(range(len(names)), key=lambda col: names[col] in _CSV_LAST)
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["t_s", *(f"{name} (bytes)" for name in self._ring.names)])
+        writer.writerow(["t_s", *(f"{names[col]} (bytes)" for col in order)])
         t_s, values = self._ring.view()
+        values = values[:, order]
         for k in range(len(t_s)):
-            row = values[k]
-            cells = ["" if math.isnan(v) else str(int(v)) for v in row]
+            cells = ["" if math.isnan(v) else str(int(v)) for v in values[k]]
             writer.writerow([f"{t_s[k]:.3f}", *cells])
         for x, label, _ in self._markers:
             writer.writerow([f"{x:.3f}", *([""] * len(self._ring.names)), f"marker: {label}"])
@@ -403,7 +415,8 @@ class MemoryPlot(QWidget):
         style = _STYLE.get(kind, Qt.PenStyle.SolidLine)
         width = 2 if style == Qt.PenStyle.SolidLine else 1  # a wide dashed stroke costs most
         pen = pg.mkPen(color, width=width, style=style)
-        curve = self.plot_widget.getPlotItem().plot([], [], pen=pen, name=name)
+        label = name + _LEGEND_NOTE.get(kind, "")
+        curve = self.plot_widget.getPlotItem().plot([], [], pen=pen, name=label)
         curve.setClipToView(True)
         curve.setDownsampling(auto=True, method="peak")
         curve.curve.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)  # tails repaint
