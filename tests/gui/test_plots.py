@@ -152,6 +152,21 @@ def test_memory_plot_budgets_markers_and_csv(tmp_path, qtbot, memory_plot: Memor
     assert rows[3] == ["0.500", "", "", "marker: load start"]
 
 
+def test_markers_close_in_time_put_their_labels_on_alternate_rows(
+    qtbot, memory_plot: MemoryPlot
+) -> None:
+    memory_plot.append_sample(0.0, {"worker rss": 1024})
+    for t_s, label in [(1.0, "load start"), (1.1, "load end"), (1.2, "infer #1")]:
+        memory_plot.add_marker(t_s, label)
+    rows = [line.label.orthoPos for _, _, line in memory_plot._markers]
+    assert rows[0] != rows[1] and rows[1] != rows[2]  # neighbours never share a row
+    assert abs(rows[0] - rows[1]) >= 0.4  # two rows well apart on the line
+    memory_plot.reset()
+    memory_plot.append_sample(0.0, {"worker rss": 1024})
+    memory_plot.add_marker(1.0, "load start")
+    assert memory_plot._markers[0][2].label.orthoPos == rows[0]  # a reset starts over
+
+
 def test_file_backed_series_is_a_dashed_worker_line_and_the_last_csv_column(
     tmp_path, qtbot, memory_plot: MemoryPlot
 ) -> None:

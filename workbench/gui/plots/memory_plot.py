@@ -45,6 +45,7 @@ _STYLE = {
 _LEGEND_NOTE = {"file-backed": " (part of rss, reclaimable)"}  # kinds a bare name would mislead on
 _CSV_LAST = ("worker file-backed",)  # CSV columns added after the format was in use
 _MAX_MARKERS = 64
+_MARKER_LABEL_POSITIONS = (0.78, 0.36)  # along the line from the bottom: two label rows
 _TAIL_PX = 256.0  # a tail wider than this folds into its body (a full redraw)
 _X_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)  # finer than y: little blank time on the right
 
@@ -127,6 +128,7 @@ class MemoryPlot(QWidget):
         self.full_redraw_count = 0
         self._budget_lines: dict[str, pg.InfiniteLine] = {}
         self._markers: list[tuple[float, str, pg.InfiniteLine]] = []
+        self._marker_count = 0
         self._dirty = False
         self._paused = False
         self.refresh_count = 0
@@ -207,8 +209,14 @@ class MemoryPlot(QWidget):
             angle=90,
             pen=pg.mkPen("#555555", width=1, style=Qt.PenStyle.DotLine),
             label=label,
-            labelOpts={"position": 0.55, "color": "#333333", "rotateAxis": (1, 0)},
+            labelOpts={
+                # alternate high and low, so events close in time keep readable labels
+                "position": _MARKER_LABEL_POSITIONS[self._marker_count % 2],
+                "color": "#333333",
+                "rotateAxis": (1, 0),
+            },
         )
+        self._marker_count += 1
         self.plot_widget.getPlotItem().addItem(line, ignoreBounds=True)
         self._markers.append((x, label, line))
         if len(self._markers) > _MAX_MARKERS:
@@ -312,6 +320,7 @@ class MemoryPlot(QWidget):
         for _, _, line in self._markers:
             item.removeItem(line)
         self._markers.clear()
+        self._marker_count = 0
         for curve in (*self._curves.values(), *self._tails.values()):
             curve.setData([], [])
         self._dirty = False
