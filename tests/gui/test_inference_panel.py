@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from PySide6.QtCore import QItemSelectionModel
+from PySide6.QtCore import QItemSelectionModel, Qt
+from PySide6.QtGui import QTextCursor
 
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.inference_panel import InferencePanel
@@ -154,8 +156,24 @@ def test_failed_and_stopped_runs_are_recorded(qtbot, panel) -> None:
     assert host.requests[-1] == ("cancel",)
     with qtbot.waitSignal(panel.bridge.failed, timeout=5000):
         host.play(Failed(1, "infer cancelled: by the user", kind="cancelled", job="infer"))
-    assert panel.history.model.records[0].status == "cancelled"
-    assert "cancelled" in panel.status_label.text() and panel.run_button.isEnabled()
+    assert panel.history.model.records[0].status == "stopped"
+    assert panel.status_label.text() == "infer stopped: by the user (0 tokens generated)"
+    assert panel.run_button.isEnabled()
+    failing = panel.run()
+    with qtbot.waitSignal(panel.bridge.failed, timeout=5000):
+        host.play(Failed(failing, "infer failed: RuntimeError: boom", "Traceback …", job="infer"))
+    assert panel.history.model.records[1].status == "failed"
+    assert panel.status_label.text() == "infer failed: RuntimeError: boom (0 tokens generated)"
+    assert "Traceback …" in panel.status_label.toolTip()
+    verifying = panel.verify()
+    with qtbot.waitSignal(panel.bridge.failed, timeout=5000):
+        host.play(
+            Failed(verifying, "the worker exited with code -9", kind="worker_died", job="verify")
+        )
+    assert panel.status_label.text() == (
+        "verify failed: the worker exited with code -9; load a model to run it"
+    )
+    assert "failed" in panel.verify_label.text()
 
 
 def test_history_compares_maps_and_exports_json(qtbot, panel, tmp_path) -> None:
@@ -212,3 +230,121 @@ def test_map_helpers() -> None:
         "c: - -> cpu",
     ]
     assert map_digest({"b": 1, "a": 0}) == map_digest({"a": 0, "b": 1})
+
+
+def _stop(qtbot, panel, request_id: int, *tokens: TokenStreamed) -> None:
+    """Stream ``tokens``, press Stop, and answer as the worker does: one cancelled failure."""
+    host = panel.bridge.host
+    if tokens:
+        with qtbot.waitSignal(panel.bridge.token, timeout=5000):
+            host.play(*tokens)
+    panel.stop_button.click()
+    assert host.requests[-1] == ("cancel",)
+    cancelled = Failed(
+        request_id, "infer cancelled: cancelled by the user", kind="cancelled", job="infer"
+    )
+    with qtbot.waitSignal(panel.bridge.failed, timeout=5000):
+        host.play(cancelled)
+
+
+def test_a_stopped_run_keeps_its_partial_figures(qtbot, panel, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="workbench.gui.inference_panel")
+    host = panel.bridge.host
+    panel.units = ["embed", "layers.0", "layers.1"]
+    panel.run_button.click()
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        host.play(_result(1))
+    assert panel.layer_caption.text() == "last forward of run 1"
+    panel.max_tokens_spin.setValue(4096)
+    panel.run_button.click()
+    assert panel.layer_caption.text() == "from run 1 (previous run); run 2 running…"
+    # first token at 50 ms, then one every 100 ms: 4 tokens, 3 intervals in 0.3 s = 10 tok/s
+    _stop(qtbot, panel, 2, *[TokenStreamed(2, i, 7, "x", 0.05 + 0.1 * i) for i in range(4)])
+    labels = (panel.ttft_label, panel.rate_label, panel.tokens_label, panel.status_label)
+    assert not any("…" in label.text() for label in labels), [lab.text() for lab in labels]
+    assert panel.ttft_label.text() == "50 ms"
+    assert panel.rate_label.text().startswith("10") and "until stopped" in panel.rate_label.text()
+    assert panel.tokens_label.text() == "4 new (stopped)"
+    # the worker's message already names the job: said once
+    assert panel.status_label.text() == "infer stopped: cancelled by the user (4 tokens generated)"
+    record = panel.history.model.records[1]
+    assert record.status == "stopped" and record.new_tokens == 4 and record.text == "xxxx"
+    assert record.ttft_s == 0.05 and record.tokens_per_s == pytest.approx(10.0)
+    row = [panel.history.model.index(1, c).data() for c in range(6)]
+    assert row[3] == panel.rate_label.text().split(" (")[0] and row[4] == "50 ms"
+    assert row[5] == "stopped after 4 tokens"
+    # the per-layer table still holds run 1's forward, and says so
+    assert panel.layer_table.rowCount() == 3
+    assert panel.layer_caption.text() == "from run 1 (previous run); run 2 stopped, no timings"
+    messages = [r.getMessage() for r in caplog.records if r.name.endswith("inference_panel")]
+    assert any(
+        m.startswith("infer run 1 ") and "3 tokens" in m and "TTFT 250 ms" in m for m in messages
+    )
+    assert any(
+        m.startswith("infer run 2 ") and "stopped: cancelled by the user" in m for m in messages
+    )
+
+
+def test_a_run_stopped_before_its_first_token_shows_no_figures(qtbot, panel) -> None:
+    panel.run_button.click()
+    assert panel.ttft_label.text() == "…" and panel.rate_label.text() == "…"
+    _stop(qtbot, panel, 1)
+    assert panel.ttft_label.text() == "—" and panel.rate_label.text() == "—"
+    assert panel.tokens_label.text() == "0 new (stopped)"
+    assert panel.layer_caption.text() == "run 1 stopped, no timings"
+    record = panel.history.model.records[0]
+    assert record.ttft_s is None and record.tokens_per_s is None
+    row = [panel.history.model.index(0, c).data() for c in (3, 4, 5)]
+    assert row == ["—", "—", "stopped after 0 tokens"]
+
+
+def test_verify_results_are_logged(qtbot, panel, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="workbench.gui.inference_panel")
+    panel.verify_button.click()
+    passed = VerifyResult(True, 0.0, 0.0, True, "undispatched cpu", (1, 5, 32))
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        panel.bridge.host.play(Result(1, "verify", passed))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"verify run 1 (map {map_digest(MAP_A)}): PASS, max abs diff 0, max rel diff 0"
+    ]
+
+
+def test_ctrl_enter_in_the_prompt_runs(qtbot, panel) -> None:
+    host = panel.bridge.host
+    panel.prompt_edit.setPlainText("hello")
+    qtbot.keyClick(panel.prompt_edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert host.requests == [("infer", "hello", {"max_new_tokens": 16})]
+    assert panel.prompt_edit.toPlainText() == "hello"  # no new line either
+    qtbot.keyClick(panel.prompt_edit, Qt.Key.Key_Enter, Qt.KeyboardModifier.ControlModifier)
+    assert len(host.requests) == 1  # Run is disabled while the first run is in flight
+    panel.prompt_edit.moveCursor(QTextCursor.MoveOperation.End)
+    qtbot.keyClick(panel.prompt_edit, Qt.Key.Key_Return)
+    assert panel.prompt_edit.toPlainText() == "hello\n" and len(host.requests) == 1
+
+
+def test_controls_and_columns_explain_themselves(panel) -> None:
+    for widget in (panel.run_button, panel.stop_button, panel.max_tokens_spin):
+        assert widget.toolTip(), widget
+    assert "Ctrl+Enter" in panel.run_button.toolTip()
+    tips = {
+        panel.layer_table.horizontalHeaderItem(c).text(): panel.layer_table.horizontalHeaderItem(
+            c
+        ).toolTip()
+        for c in range(panel.layer_table.columnCount())
+    }
+    assert all(tips.values()), tips
+    assert "decimal" in tips["GB/s"] and "10^9" in tips["GB/s"]
+    assert "2^20" in tips["MiB"] and "disk" in tips["from"]
+    model = panel.history.model
+    map_tip = model.headerData(2, Qt.Orientation.Horizontal, Qt.ItemDataRole.ToolTipRole)
+    assert "device map" in map_tip
+
+
+def test_the_panel_fits_a_short_dock(qtbot, panel) -> None:
+    panel.resize(1200, 150)  # the Inference tab of a ~200 px Runtime dock
+    panel.show()
+    qtbot.waitExposed(panel)
+    assert panel.minimumSizeHint().height() <= 150
+    assert panel.height() == 150
+    for widget in (panel.run_button, panel.stop_button, panel.prompt_edit, panel.output_edit):
+        assert not widget.visibleRegion().isEmpty(), widget

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from workbench.gui.planner_panel import run_comparison
+from workbench.gui.planner_compare import run_comparison
 
 pytestmark = pytest.mark.gui
 

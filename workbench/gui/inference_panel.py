@@ -4,24 +4,31 @@ Run sends the prompt to the worker; tokens stream into the output as they are ge
 the panel shows time to first token, tokens/s (with the speed model's prediction beside them)
 and the per-layer timing table of the last forward. Verify compares the dispatched model with
 the same weights run undispatched and shows max abs/rel difference with a clear PASS/FAIL.
-Every run lands in the history with the map it ran on.
+Every run lands in the history with the map it ran on. A stopped or failed run keeps the
+figures measured from its streamed tokens, and the per-layer table says which run it shows.
+Ctrl+Enter in the prompt runs. Each result and each stop is logged (``workbench.*`` loggers
+feed the Log tab).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QTextCursor
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtGui import QKeyEvent, QTextCursor
 from PySide6.QtWidgets import (
-    QFormLayout,
+    QFrame,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QSplitter,
     QTableWidget,
@@ -47,6 +54,17 @@ from workbench.runtime.protocol import (
 logger = logging.getLogger(__name__)
 
 LAYER_HEADERS = ("layer", "module", "from", "MiB", "transfer ms", "compute ms", "GB/s")
+LAYER_HEADER_TIPS = (
+    "Position of the layer in the forward pass",
+    "The module (one layer, its submodules folded in)",
+    "Where the layer's weights came from: resident (already on the execution device), "
+    "or the device they were copied from (cpu, disk)",
+    "Weight bytes copied to the execution device, in MiB (1 MiB = 2^20 bytes)",
+    "Time spent copying the weights to the execution device, in milliseconds",
+    "Time of the layer's own computation, in milliseconds",
+    "Copy throughput in decimal gigabytes per second (1 GB/s = 10^9 bytes per second): "
+    "bytes copied / transfer time",
+)
 
 
 class InferencePanel(QWidget):
@@ -78,23 +96,40 @@ class InferencePanel(QWidget):
         self.current: RunRecord | None = None
         self._next_run_id = 1
         self._sent_s = 0.0
+        self._streamed: list[float] = []  # elapsed seconds of each token of the run in flight
+        self._layers_run: int | None = None  # the run the per-layer table shows
+        self._failure_shown = False  # the status line tells why the last run did not finish
 
+        lines = self.fontMetrics().lineSpacing()
         self.prompt_edit = QPlainTextEdit(self)
         self.prompt_edit.setPlaceholderText("Prompt (empty: seeded random tokens)")
         self.prompt_edit.setPlainText("The quick brown fox")
-        self.prompt_edit.setMaximumHeight(70)
+        self.prompt_edit.setToolTip("The prompt; Ctrl+Enter runs it")
+        self.prompt_edit.setMinimumHeight(2 * lines + 10)
+        self.prompt_edit.setMaximumHeight(3 * lines + 10)
+        self.prompt_edit.installEventFilter(self)
         self.max_tokens_spin = QSpinBox(self)
         self.max_tokens_spin.setRange(1, 4096)
         self.max_tokens_spin.setValue(16)
+        self.max_tokens_spin.setToolTip(
+            "The most tokens a run generates after the prompt (Stop ends a run sooner)"
+        )
         self.run_button = QPushButton("Run", self)
+        self.run_button.setToolTip(
+            "Generate up to max new tokens from the prompt on the loaded model (Ctrl+Enter)"
+        )
         self.verify_button = QPushButton("Verify", self)
         self.verify_button.setToolTip(
             "Compare the dispatched model's logits with the same weights run without dispatch"
         )
         self.stop_button = QPushButton("Stop", self)
+        self.stop_button.setToolTip(
+            "Stop the run in flight after the current token; the figures so far are kept"
+        )
         self.output_edit = QPlainTextEdit(self)
         self.output_edit.setReadOnly(True)
         self.output_edit.setPlaceholderText("Generated text streams here")
+        self.output_edit.setMinimumHeight(2 * lines + 10)
         self.ttft_label = QLabel("—", self)
         self.rate_label = QLabel("—", self)
         self.tokens_label = QLabel("—", self)
@@ -102,9 +137,15 @@ class InferencePanel(QWidget):
         self.verify_label.setObjectName("verifyLabel")
         self.verify_label.setTextFormat(Qt.TextFormat.RichText)
         self.status_label = QLabel("load a model to run it", self)
+        # a long failure message must not widen the panel: it is cut, and whole in the tooltip
+        self.status_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.layer_caption = QLabel("no finished run yet", self)
         self.layer_table = QTableWidget(0, len(LAYER_HEADERS), self)
         self.layer_table.setHorizontalHeaderLabels(list(LAYER_HEADERS))
+        for column, tip in enumerate(LAYER_HEADER_TIPS):
+            self.layer_table.horizontalHeaderItem(column).setToolTip(tip)
         self.layer_table.verticalHeader().setVisible(False)
+        self.layer_table.verticalHeader().setDefaultSectionSize(lines + 6)
         self.layer_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.history = RunHistoryWidget(self)
         self._build_layout()
@@ -118,37 +159,61 @@ class InferencePanel(QWidget):
         self.set_available(False)
 
     def _build_layout(self) -> None:
+        max_tokens_label = QLabel("max new tokens", self)
+        max_tokens_label.setToolTip(self.max_tokens_spin.toolTip())
         controls = QHBoxLayout()
-        controls.addWidget(QLabel("max new tokens", self))
+        controls.addWidget(max_tokens_label)
         controls.addWidget(self.max_tokens_spin)
         controls.addWidget(self.run_button)
         controls.addWidget(self.verify_button)
         controls.addWidget(self.stop_button)
-        controls.addStretch(1)
-        figures = QFormLayout()
-        figures.addRow("time to first token", self.ttft_label)
-        figures.addRow("decode speed", self.rate_label)
-        figures.addRow("tokens", self.tokens_label)
-        figures.addRow("verify", self.verify_label)
+        controls.addWidget(self.status_label, 1)  # beside the buttons: one line less to fit
+        figures = QGridLayout()  # two rows of two figures: the panel fits a short dock
+        figures.setVerticalSpacing(2)
+        for position, (title, label) in enumerate(
+            (
+                ("time to first token", self.ttft_label),
+                ("decode speed", self.rate_label),
+                ("tokens", self.tokens_label),
+                ("verify", self.verify_label),
+            )
+        ):
+            row, column = divmod(position, 2)
+            figures.addWidget(QLabel(title, self), row, 2 * column)
+            figures.addWidget(label, row, 2 * column + 1)
+        figures.setColumnStretch(1, 1)
+        figures.setColumnStretch(3, 1)
         left = QWidget(self)
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.setSpacing(4)
         left_layout.addWidget(self.prompt_edit)
         left_layout.addLayout(controls)
         left_layout.addWidget(self.output_edit, 1)
         left_layout.addLayout(figures)
-        left_layout.addWidget(self.status_label)
+        layers = QWidget(self)
+        layers_layout = QVBoxLayout(layers)
+        layers_layout.setContentsMargins(2, 2, 2, 2)
+        layers_layout.setSpacing(2)
+        layers_layout.addWidget(self.layer_caption)
+        layers_layout.addWidget(self.layer_table, 1)
         self.side_tabs = QTabWidget(self)
-        self.side_tabs.addTab(self.layer_table, "Per-layer timing")
+        self.side_tabs.addTab(layers, "Per-layer timing")
         self.side_tabs.addTab(self.history, "Run history")
         splitter = QSplitter(Qt.Orientation.Horizontal, self)
         splitter.addWidget(left)
         splitter.addWidget(self.side_tabs)
         splitter.setStretchFactor(0, 1)
         splitter.setStretchFactor(1, 1)
+        # in a dock shorter than the panel's minimum, the panel scrolls instead of holding the
+        # dock tall
+        scroll = QScrollArea(self)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(splitter)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
-        layout.addWidget(splitter)
+        layout.addWidget(scroll)
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -162,7 +227,14 @@ class InferencePanel(QWidget):
         self.verify_button.setEnabled(ready)
         self.stop_button.setEnabled(self.busy)
         if not available and not self.busy:
-            self.status_label.setText("load a model to run it")
+            # a failure stays readable after the model goes away (the worker died, say)
+            failed = self._failure_shown and not self.status_label.text().startswith("load a")
+            self._show_status(
+                f"{self.status_label.text()}; load a model to run it"
+                if failed
+                else "load a model to run it"
+            )
+            self._failure_shown = False
         elif ready and self.status_label.text() == "load a model to run it":
             self.status_label.setText("ready")
 
@@ -193,7 +265,7 @@ class InferencePanel(QWidget):
         try:
             request_id = send()
         except Exception as exc:  # not loaded any more, another job running
-            self.status_label.setText(f"cannot {kind}: {exc}")
+            self._show_status(f"cannot {kind}: {exc}")
             return None
         self.request_id = request_id
         self._sent_s = time.monotonic()
@@ -208,15 +280,32 @@ class InferencePanel(QWidget):
         self._next_run_id += 1
         self.history.model.add(self.current)
         if kind == "infer":
+            self._streamed = []
             self.output_edit.clear()
             self.ttft_label.setText("…")
             self.rate_label.setText("…")
             self.tokens_label.setText("0")
+            self._caption_layers(f"run {self.current.run_id} running…")
         else:
             self.verify_label.setText("verifying…")
-        self.status_label.setText(f"{kind} running…")
+        self._show_status(f"{kind} running…")
+        self._failure_shown = False
         self.set_available(True)
         return request_id
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """Ctrl+Enter in the prompt runs (when Run is enabled) instead of adding a line."""
+        if (
+            watched is self.prompt_edit
+            and event.type() == QEvent.Type.KeyPress
+            and isinstance(event, QKeyEvent)
+            and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+            and event.modifiers() & Qt.KeyboardModifier.ControlModifier
+        ):
+            if self.run_button.isEnabled():
+                self.run()
+            return True
+        return super().eventFilter(watched, event)
 
     # -- events --------------------------------------------------------------------------
     def _on_bridge_token(self, event: TokenStreamed) -> None:
@@ -227,6 +316,7 @@ class InferencePanel(QWidget):
         cursor.insertText(event.text)
         self.output_edit.setTextCursor(cursor)
         self.tokens_label.setText(str(event.index + 1))
+        self._streamed.append(event.elapsed_s)
         if event.index == 0:
             self.ttft_label.setText(format_seconds(event.elapsed_s))
 
@@ -240,7 +330,8 @@ class InferencePanel(QWidget):
         elif isinstance(event.value, VerifyResult):
             self._show_verify(record, event.value)
         self.history.model.update(record)
-        self.status_label.setText(f"{record.kind} done")
+        self._show_status(f"{record.kind} done")
+        logger.info("%s", _outcome(record))
         self.set_available(True)
         self.run_finished.emit(record)
 
@@ -248,12 +339,52 @@ class InferencePanel(QWidget):
         if event.request_id != self.request_id or self.current is None:
             return
         record, self.current, self.request_id = self.current, None, None
-        record.status = "cancelled" if event.kind == "cancelled" else "failed"
-        self.history.model.update(record)
-        self.status_label.setText(f"{record.kind} {record.status}: {event.message}")
-        if record.kind == "verify":
+        record.status = "stopped" if event.kind == "cancelled" else "failed"
+        # the worker's message may already name the job ("infer cancelled: …"): say it once
+        reason = re.sub(rf"^{record.kind} (cancelled|failed): ", "", event.message or "")
+        message = reason if reason.startswith(record.kind) else f"{record.kind} {record.status}"
+        message += f": {reason}" if reason and message != reason else ""
+        if record.kind == "infer":
+            self._keep_partial(record)
+            message += f" ({_plural(record.new_tokens, 'token')} generated)"
+            self._caption_layers(f"run {record.run_id} {record.status}, no timings")
+        else:
             self.verify_label.setText(f"<b style='color:#b91c1c'>{record.status}</b>")
+        self.history.model.update(record)
+        self._show_status(message, event.details)
+        self._failure_shown = True
+        logger.info("%s", _outcome(record, reason))
         self.set_available(self._loaded_map() is not None and event.kind != "worker_died")
+
+    def _keep_partial(self, record: RunRecord) -> None:
+        """Put the figures of the tokens streamed before a stop into the labels and ``record``."""
+        streamed = self._streamed
+        record.new_tokens = len(streamed)
+        record.text = self.output_edit.toPlainText()
+        record.ttft_s = streamed[0] if streamed else None
+        if len(streamed) > 1 and streamed[-1] > streamed[0]:
+            record.tokens_per_s = (len(streamed) - 1) / (streamed[-1] - streamed[0])
+        self.ttft_label.setText("—" if record.ttft_s is None else format_seconds(record.ttft_s))
+        self.rate_label.setText(
+            "—"
+            if record.tokens_per_s is None
+            else f"{format_rate(record.tokens_per_s)} (until {record.status})"
+        )
+        self.tokens_label.setText(f"{record.new_tokens} new ({record.status})")
+
+    def _show_status(self, text: str, details: str = "") -> None:
+        self.status_label.setText(text)
+        self.status_label.setToolTip(f"{text}\n\n{details}" if details else text)
+
+    def _caption_layers(self, note: str = "") -> None:
+        """Say which run the per-layer table shows; ``note`` tells about the latest run."""
+        if self._layers_run is None:
+            text = note or "no finished run yet"
+        elif note:
+            text = f"from run {self._layers_run} (previous run); {note}"
+        else:
+            text = f"last forward of run {self._layers_run}"
+        self.layer_caption.setText(text)
 
     def _show_inference(self, record: RunRecord, value: InferenceResult) -> None:
         record.new_tokens = value.new_tokens
@@ -280,6 +411,8 @@ class InferencePanel(QWidget):
         )
         self.tokens_label.setText(f"{value.new_tokens} new, {value.prompt_tokens} in prompt")
         self.show_layers(layers)
+        self._layers_run = record.run_id
+        self._caption_layers()
 
     def _show_verify(self, record: RunRecord, value: VerifyResult) -> None:
         record.verify = {
@@ -329,3 +462,27 @@ def _layer_dict(timing: Any) -> dict[str, Any]:
         "transfer_s": timing.transfer_s,
         "compute_s": timing.compute_s,
     }
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _outcome(record: RunRecord, reason: str = "") -> str:
+    """One log line for a finished, stopped or failed run."""
+    head = f"{record.kind} run {record.run_id} (map {record.map_id})"
+    if record.verify is not None and record.status == "done":
+        verdict = "PASS" if record.verify["passed"] else "FAIL"
+        return (
+            f"{head}: {verdict}, max abs diff {record.verify['max_abs_diff']:.3g}, "
+            f"max rel diff {record.verify['max_rel_diff']:.3g}"
+        )
+    figures = ""
+    if record.kind == "infer":
+        rate = "— tok/s" if record.tokens_per_s is None else format_rate(record.tokens_per_s)
+        ttft = "—" if record.ttft_s is None else format_seconds(record.ttft_s)
+        figures = f"{_plural(record.new_tokens, 'token')}, {rate}, TTFT {ttft}"
+    if record.status == "done":
+        return f"{head}: {figures}"
+    why = f": {reason}" if reason else ""
+    return f"{head} {record.status}{why}" + (f"; {figures}" if figures else "")

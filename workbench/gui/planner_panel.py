@@ -5,7 +5,10 @@ reserve by batch size and sequence length or in bytes). "Compare" plans every ch
 on a worker thread and fills a table with per-device totals and predicted speed per strategy;
 nothing changes until "Apply", which is one undo macro (budgets, reserve and map, and the
 planning dtype when it differs from the tree's, so the lanes count bytes as the plan did). The
-trace list explains each placement of the selected strategy in its tooltip.
+trace list explains each placement of the selected strategy in its tooltip. Warnings the
+planner raises for a strategy (buffers no GPU can hold, …) show in its status cell and at the
+top of its trace; every budgeted device has a row, so an unused GPU shows as 0 B. The table is
+as tall as its rows; the trace takes the rest of the panel.
 
 The budgets follow the session: a hardware switch, a budget edit or an undo updates them. A
 comparison made for other hardware or budgets than the session has now is stale: its Apply
@@ -15,10 +18,10 @@ buttons are disabled until the next comparison, so old budgets are never written
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QSize, Signal
+from PySide6.QtGui import QColor, QResizeEvent
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -30,6 +33,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QRadioButton,
+    QSizePolicy,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
@@ -44,6 +48,7 @@ from workbench.gui.colors import device_color
 from workbench.gui.commands import push_plan
 from workbench.gui.formatting import format_nbytes, format_rate, format_seconds
 from workbench.gui.hardware_selector import BudgetEditor
+from workbench.gui.planner_compare import STRATEGIES, Candidate, PlanRequest, run_comparison
 from workbench.gui.workers import TaskThread
 
 if TYPE_CHECKING:
@@ -51,78 +56,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 DTYPES = ("as stored", "bfloat16", "float16", "float32", "float8_e4m3fn")
 GIB = 1024**3
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One strategy's outcome: the plan (or the error) and its predicted speed."""
-
-    strategy: str
-    plan: Any = None  # PlanResult
-    prediction: Any = None  # SpeedPrediction
-    error: str = ""
-    opened: Any = None  # the model re-sized in the planning dtype, when it differs from the tree's
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """Everything one comparison needs, captured on the GUI thread."""
-
-    model: Any
-    tree: Any
-    profile: Any
-    budgets: dict[Any, int]
-    reserve: dict[Any, int]
-    dtype: str | None
-    no_split: list[str]
-    strategies: tuple[str, ...]
-    opened: Any = None  # the session's OpenedModel (re-sized when ``dtype`` differs)
-
-
-def run_comparison(request: PlanRequest) -> list[Candidate]:
-    """Plan every strategy of ``request`` and predict its speed (runs on a worker thread).
-
-    When ``request.dtype`` differs from the tree's planning dtype, the model's tree is rebuilt
-    in that dtype first (``OpenedModel.with_dtype``): the speed prediction then counts the
-    bytes the plan counted, and applying the plan carries the dtype to the session.
-    """
-    from workbench.big_modeling.planner import plan_device_map
-    from workbench.models.dtypes import parse_dtype
-    from workbench.models.speed import predict_speed
-
-    tree, resized = request.tree, None
-    opened = request.opened
-    if opened is not None and parse_dtype(request.dtype) != opened.planning_dtype:
-        resized = opened.with_dtype(request.dtype)
-        tree = resized.tree
-    sized = resized or opened  # with weights, plan the bytes the checkpoint headers give
-    module_sizes = sized.module_sizes() if sized is not None and sized.has_weights else None
-    candidates = []
-    for strategy in request.strategies:
-        try:
-            plan = plan_device_map(
-                request.model,
-                max_memory=request.budgets,
-                strategy=strategy,  # type: ignore[arg-type]
-                no_split_module_classes=request.no_split,
-                dtype=request.dtype,
-                reserve=request.reserve or None,
-                module_sizes=module_sizes,
-            )
-        except ValueError as exc:  # BadInputError / MemoryBudgetError: shown in the column
-            candidates.append(Candidate(strategy, error=str(exc)))
-            continue
-        prediction = None
-        if request.profile is not None:
-            try:
-                prediction = predict_speed(tree, plan.device_map, request.profile)
-            except ValueError as exc:
-                logger.info("no speed prediction for %s: %s", strategy, str(exc))
-        candidates.append(Candidate(strategy, plan=plan, prediction=prediction, opened=resized))
-    return candidates
+WARNING_COLOR = QColor("#b45309")
 
 
 class PlannerPanel(QWidget):
@@ -160,13 +96,18 @@ class PlannerPanel(QWidget):
             check.setChecked(True)
         self.compare_button = QPushButton("Compare strategies", self)
         self.compare_button.setDefault(True)
-        self.table = QTableWidget(self)
+        self.table = _RowsTable(self)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.apply_row = QHBoxLayout()
         self.trace_view = QTreeWidget(self)
         self.trace_view.setHeaderLabels(["Module", "Device", "Size", "Why"])
         self.trace_view.setRootIsDecorated(False)
         self.trace_view.setUniformRowHeights(True)
+        self.trace_view.setMinimumHeight(  # the header and six rows stay in view
+            self.trace_view.header().sizeHint().height()
+            + 6 * (self.fontMetrics().height() + 2)
+            + 2 * self.trace_view.frameWidth()
+        )
         self._build_layout()
         self.compare_button.clicked.connect(self.compare)
         self.table.currentCellChanged.connect(self._on_table_current_cell_changed)
@@ -188,13 +129,15 @@ class PlannerPanel(QWidget):
         for position, check in enumerate(self.strategy_checks.values()):
             strategies_grid.addWidget(check, position // 2, position % 2)
         form.addRow("Strategies", strategies_grid)
+        form.setVerticalSpacing(3)  # tight rows leave the trace more room
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.setSpacing(4)
         layout.addLayout(form)
         layout.addWidget(self.compare_button)
-        self.table.setMinimumHeight(170)
-        layout.addWidget(self.table, 3)
+        layout.addWidget(self.table)  # as tall as its rows: the trace below takes the rest
         layout.addLayout(self.apply_row)
-        layout.addWidget(self.trace_view, 2)
+        layout.addWidget(self.trace_view, 1)
 
     # --- options --------------------------------------------------------------------------
 
@@ -301,6 +244,13 @@ class PlannerPanel(QWidget):
         self._reset_button()
         self.candidates = candidates
         self._fill_table()
+        warned = [c for c in candidates if c.warnings]
+        if warned:
+            first = warned[0]
+            self.window_.statusBar().showMessage(
+                f"Planner warning ({', '.join(c.strategy for c in warned)}): {first.warnings[0]}",
+                15000,
+            )
         self.comparison_ready.emit(candidates)
 
     def _on_thread_failed(self, exc: BaseException) -> None:
@@ -314,22 +264,26 @@ class PlannerPanel(QWidget):
 
     def _fill_table(self) -> None:
         candidates = self.candidates
+        budgets = self._request.budgets if self._request else {}
+        # every budgeted device, even one a plan leaves empty: 0 B shows an unused GPU
         devices = sorted(
-            {d for c in candidates if c.plan for d in c.plan.per_device_bytes}, key=device_sort_key
+            set(budgets) | {d for c in candidates if c.plan for d in c.plan.per_device_bytes},
+            key=device_sort_key,
         )
+        if not candidates:
+            devices = []
         rows = [device_label(d) for d in devices] + ["tokens/s", "TTFT", "status"]
         self.table.clear()
         self.table.setRowCount(len(rows))
         self.table.setColumnCount(len(candidates))
         self.table.setVerticalHeaderLabels(rows)
         self.table.setHorizontalHeaderLabels([c.strategy for c in candidates])
-        budgets = self._request.budgets if self._request else {}
         for column, candidate in enumerate(candidates):
             for row, device in enumerate(devices):
                 nbytes = candidate.plan.per_device_bytes.get(device, 0) if candidate.plan else 0
                 item = QTableWidgetItem(format_nbytes(nbytes) if candidate.plan else "")
                 item.setForeground(device_color(device))
-                if budgets.get(device):
+                if budgets.get(device) is not None and candidate.plan:
                     item.setToolTip(f"{format_nbytes(nbytes)} of {format_nbytes(budgets[device])}")
                 self.table.setItem(row, column, item)
             prediction = candidate.prediction
@@ -337,12 +291,9 @@ class PlannerPanel(QWidget):
             ttft = format_seconds(prediction.ttft_s) if prediction else "—"
             self.table.setItem(len(devices), column, QTableWidgetItem(speed))
             self.table.setItem(len(devices) + 1, column, QTableWidgetItem(ttft))
-            status = QTableWidgetItem("ok" if candidate.plan else "does not fit")
-            status.setToolTip(candidate.error or (prediction.summary() if prediction else ""))
-            self.table.setItem(len(devices) + 2, column, status)
+            self.table.setItem(len(devices) + 2, column, _status_item(candidate))
         self.table.resizeColumnsToContents()
-        rows_height = self.table.verticalHeader().length() + self.table.horizontalHeader().height()
-        self.table.setMinimumHeight(max(170, min(rows_height + 6, 420)))  # every row in view
+        self.table.updateGeometry()
         self._fill_apply_buttons()
         if candidates:
             self.table.setCurrentCell(0, 0)
@@ -379,6 +330,12 @@ class PlannerPanel(QWidget):
         """List the placements of ``strategy``; each row's tooltip is the planner's reason."""
         self.trace_view.clear()
         candidate = self.candidate(strategy)
+        for text in candidate.warnings if candidate is not None else ():
+            item = QTreeWidgetItem(["(warning)", "", "", text])
+            for column in range(4):
+                item.setToolTip(column, text)
+                item.setForeground(column, WARNING_COLOR)
+            self.trace_view.addTopLevelItem(item)
         if candidate is None or candidate.plan is None:
             if candidate is not None:
                 item = QTreeWidgetItem(["(no plan)", "", "", candidate.error])
@@ -436,6 +393,54 @@ class PlannerPanel(QWidget):
         )
         window.statusBar().showMessage(f"Applied the {strategy} plan", 5000)
         return True
+
+
+class _RowsTable(QTableWidget):
+    """A table exactly as tall as its header and rows (plus a scroll bar when too wide)."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.verticalHeader().setDefaultSectionSize(self.fontMetrics().lineSpacing() + 6)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self._too_wide = False
+
+    def sizeHint(self) -> QSize:
+        frame = 2 * self.frameWidth()
+        height = self.horizontalHeader().sizeHint().height() + self.verticalHeader().length()
+        if self._content_width() > self.width():
+            height += self.horizontalScrollBar().sizeHint().height()
+        return QSize(super().sizeHint().width(), height + frame)
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(super().minimumSizeHint().width(), self.sizeHint().height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        too_wide = self._content_width() > self.width()
+        if too_wide != self._too_wide:  # the scroll bar comes or goes: make room for it
+            self._too_wide = too_wide
+            self.updateGeometry()
+
+    def _content_width(self) -> int:
+        header = self.verticalHeader()
+        width = header.sizeHint().width() if header.isVisible() else 0
+        return width + self.horizontalHeader().length() + 2 * self.frameWidth()
+
+
+def _status_item(candidate: Candidate) -> QTableWidgetItem:
+    """The status cell: ok / does not fit, the number of warnings; details in the tooltip."""
+    prediction = candidate.prediction
+    text = "ok" if candidate.plan else "does not fit"
+    details = [candidate.error or (prediction.summary() if prediction else "")]
+    if candidate.warnings:
+        count = len(candidate.warnings)
+        text += f", {count} warning" + ("s" if count > 1 else "")
+        details += [f"warning: {w}" for w in candidate.warnings]
+    item = QTableWidgetItem(text)
+    item.setToolTip("\n".join(d for d in details if d))
+    if candidate.warnings:
+        item.setForeground(WARNING_COLOR)
+    return item
 
 
 def _spin(parent: QWidget, low: int, high: int, value: int, prefix: str) -> QSpinBox:

@@ -65,7 +65,11 @@ def map_diff(first: Mapping[str, int | str], second: Mapping[str, int | str]) ->
 
 @dataclass
 class RunRecord:
-    """One run. ``kind`` is ``"infer"`` or ``"verify"``; times in seconds."""
+    """One run. ``kind`` is ``"infer"`` or ``"verify"``; times in seconds.
+
+    ``status``: ``"running"``, ``"done"``, ``"stopped"`` (by the user; the figures are those
+    of the tokens streamed before the stop) or ``"failed"``.
+    """
 
     run_id: int
     kind: str
@@ -97,6 +101,15 @@ class RunHistoryModel(QAbstractTableModel):
     """Table of ``RunRecord`` rows: #, kind, map, tok/s, TTFT, result."""
 
     HEADERS = ("#", "kind", "map", "tok/s", "TTFT", "result")
+    HEADER_TIPS = (
+        "Run number",
+        "infer: a generation run; verify: the equivalence check",
+        "The device map the run ran on: a short id (same id, same map) and the number of "
+        "modules per device; hover a row for the whole map, select two runs to compare them",
+        "Decode speed: tokens per second after the first token (of a stopped run: until the stop)",
+        "Time to first token",
+        "The outcome: tokens generated, PASS/FAIL, stopped or failed",
+    )
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
@@ -109,8 +122,12 @@ class RunHistoryModel(QAbstractTableModel):
         return 0 if parent.isValid() else len(self.HEADERS)
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = 0) -> Any:
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+        if orientation != Qt.Orientation.Horizontal:
+            return None
+        if role == Qt.ItemDataRole.DisplayRole:
             return self.HEADERS[section]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return self.HEADER_TIPS[section]
         return None
 
     def data(self, index: _Index, role: int = 0) -> Any:
@@ -124,6 +141,8 @@ class RunHistoryModel(QAbstractTableModel):
             return "\n".join(
                 f"{k or '(whole model)'}: {v}" for k, v in sorted(record.device_map.items())
             )
+        if role == Qt.ItemDataRole.ToolTipRole and column in (3, 4) and record.status == "stopped":
+            return f"measured over the {record.new_tokens} tokens generated before the stop"
         if role == Qt.ItemDataRole.ForegroundRole and column == 5 and record.verify is not None:
             return QColor("#15803d" if record.verify.get("passed") else "#b91c1c")
         return None
@@ -136,15 +155,19 @@ class RunHistoryModel(QAbstractTableModel):
             return record.kind
         if column == 2:
             return f"{record.map_id} ({map_summary(record.device_map)})"
+        missing = "—" if record.kind == "infer" and record.status != "running" else ""
         if column == 3:
-            return "" if record.tokens_per_s is None else format_rate(record.tokens_per_s)
+            return missing if record.tokens_per_s is None else format_rate(record.tokens_per_s)
         if column == 4:
-            return "" if record.ttft_s is None else format_seconds(record.ttft_s)
+            return missing if record.ttft_s is None else format_seconds(record.ttft_s)
         if record.verify is not None and record.status == "done":
             verdict = "PASS" if record.verify.get("passed") else "FAIL"
             return f"{verdict} (max abs {record.verify.get('max_abs_diff', 0):.3g})"
+        tokens = f"{record.new_tokens} token" + ("" if record.new_tokens == 1 else "s")
         if record.kind == "infer" and record.status == "done":
-            return f"{record.new_tokens} tokens"
+            return tokens
+        if record.kind == "infer" and record.status == "stopped":
+            return f"stopped after {tokens}"
         return record.status
 
     def add(self, record: RunRecord) -> int:
@@ -189,6 +212,9 @@ class RunHistoryWidget(QWidget):
         self.details = QPlainTextEdit(self)
         self.details.setReadOnly(True)
         self.details.setPlaceholderText("Select a run to see its map, or two runs to compare maps")
+        lines = self.fontMetrics().lineSpacing()
+        self.view.setMinimumHeight(3 * lines + 12)  # the header and two rows: fits a short dock
+        self.details.setMinimumHeight(2 * lines + 10)
         self.export_button = QPushButton("Export JSON…", self)
         self.path_chooser = self._ask_path
         self.last_error_box: QMessageBox | None = None

@@ -1,0 +1,96 @@
+"""Compare planning strategies off the GUI thread: one ``Candidate`` per strategy.
+
+``run_comparison`` plans every strategy of a ``PlanRequest`` (captured on the GUI thread) and
+predicts each plan's speed; warnings the planner raises while planning a strategy are kept with
+that strategy's candidate. No widgets here: the planner panel shows the candidates.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy's outcome: the plan (or the error) and its predicted speed."""
+
+    strategy: str
+    plan: Any = None  # PlanResult
+    prediction: Any = None  # SpeedPrediction
+    error: str = ""
+    opened: Any = None  # the model re-sized in the planning dtype, when it differs from the tree's
+    warnings: tuple[str, ...] = ()  # what the planner warned about while planning this one
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything one comparison needs, captured on the GUI thread."""
+
+    model: Any
+    tree: Any
+    profile: Any
+    budgets: dict[Any, int]
+    reserve: dict[Any, int]
+    dtype: str | None
+    no_split: list[str]
+    strategies: tuple[str, ...]
+    opened: Any = None  # the session's OpenedModel (re-sized when ``dtype`` differs)
+
+
+def run_comparison(request: PlanRequest) -> list[Candidate]:
+    """Plan every strategy of ``request`` and predict its speed (runs on a worker thread).
+
+    When ``request.dtype`` differs from the tree's planning dtype, the model's tree is rebuilt
+    in that dtype first (``OpenedModel.with_dtype``): the speed prediction then counts the
+    bytes the plan counted, and applying the plan carries the dtype to the session.
+    """
+    from workbench.big_modeling.planner import plan_device_map
+    from workbench.models.dtypes import parse_dtype
+    from workbench.models.speed import predict_speed
+
+    tree, resized = request.tree, None
+    opened = request.opened
+    if opened is not None and parse_dtype(request.dtype) != opened.planning_dtype:
+        resized = opened.with_dtype(request.dtype)
+        tree = resized.tree
+    sized = resized or opened  # with weights, plan the bytes the checkpoint headers give
+    module_sizes = sized.module_sizes() if sized is not None and sized.has_weights else None
+    candidates = []
+    for strategy in request.strategies:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # every candidate reports its own, not only the first
+            try:
+                plan = plan_device_map(
+                    request.model,
+                    max_memory=request.budgets,
+                    strategy=strategy,  # type: ignore[arg-type]
+                    no_split_module_classes=request.no_split,
+                    dtype=request.dtype,
+                    reserve=request.reserve or None,
+                    module_sizes=module_sizes,
+                )
+            except ValueError as exc:  # BadInputError / MemoryBudgetError: shown in the column
+                plan, error = None, str(exc)
+        noted = tuple(dict.fromkeys(str(w.message) for w in caught))
+        for text in noted:
+            logger.warning("%s plan: %s", strategy, text)
+        if plan is None:
+            candidates.append(Candidate(strategy, error=error, warnings=noted))
+            continue
+        prediction = None
+        if request.profile is not None:
+            try:
+                prediction = predict_speed(tree, plan.device_map, request.profile)
+            except ValueError as exc:
+                logger.info("no speed prediction for %s: %s", strategy, str(exc))
+        candidates.append(
+            Candidate(strategy, plan=plan, prediction=prediction, opened=resized, warnings=noted)
+        )
+    return candidates
