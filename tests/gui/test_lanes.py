@@ -116,6 +116,45 @@ def test_over_budget_lane_turns_red_and_map_invalid(tiny_window) -> None:
     assert window.validity_status.text() == "map valid"
 
 
+def test_a_zero_budget_holds_nothing_and_agrees_with_the_planner(tiny_window, tiny_opened) -> None:
+    from workbench.big_modeling import infer_auto_device_map
+
+    window = tiny_window
+    budgets = {0: 0, 1: 0, "cpu": 10_000, "disk": 10**9}
+    window.budget_editor.budgets_edited.emit(budgets)
+    empty = window.lanes.lane(0)
+    assert "0 B / 0 B" in empty.figures_label.text()  # an empty device fits a 0 budget
+    assert window.lanes.is_valid
+    plan = infer_auto_device_map(
+        tiny_opened.model, max_memory=budgets, no_split_module_classes=["Block"]
+    )
+    assert 0 not in plan.values() and 1 not in plan.values()  # the planner uses neither GPU
+    window.lanes.lane(0).dropMimeData(modules_mime_data(["layers.0"]))  # 576 B on cuda:0
+    lane = window.lanes.lane(0)
+    assert lane.state.budget_bytes == 0
+    assert lane.state.excess_bytes == 576
+    assert lane.property("overBudget") is True
+    assert "576 B / 0 B — over by 576 B" in lane.figures_label.text()
+    assert "budget 0 B" in lane.bar.toolTip()
+    assert "cuda:0 over budget by 576 B" in window.lanes.problems
+    assert window.validity_status.text() == "map INVALID"
+
+
+def test_only_a_missing_budget_means_no_limit(qtbot, tiny_opened) -> None:
+    from workbench.gui.lanes import LanesWidget
+
+    lanes = LanesWidget()
+    qtbot.addWidget(lanes)
+    device_map = {"": "disk"}
+    lanes.update_lanes(tiny_opened.tree, device_map, {"cpu": 0, "disk": None})
+    disk = lanes.lane("disk")
+    assert disk.state.budget_bytes is None and not disk.state.over_budget
+    assert disk.figures_label.text() == "2.78 KiB"  # no "/ budget" without one
+    assert lanes.is_valid
+    lanes.update_lanes(tiny_opened.tree, device_map, {"cpu": 0, "disk": 0})
+    assert lanes.problems == ["disk over budget by 2.78 KiB"]
+
+
 def test_uncovered_modules_are_listed_as_problems(tiny_window) -> None:
     window = tiny_window
     window.session.set_device_map({"embed": 0, "layers.0": 0, "layers.1": 0}, reason="test")

@@ -123,6 +123,38 @@ def test_copy_as_code_puts_a_runnable_snippet_on_the_clipboard(tiny_window) -> N
     assert "TinyLM.from_pretrained(" in snippet
 
 
+def test_copy_as_code_for_a_bundled_config_names_its_hub_repo(main_window, open_in_window) -> None:
+    from workbench.models.catalog import bundled_config_path
+
+    window = main_window
+    open_in_window(window, bundled_config_path("gpt2"))  # as File > What-if opens it
+    snippet = map_io.copy_as_code(window)
+    compile(snippet, "<snippet>", "exec")
+    assert "GPT2LMHeadModel.from_pretrained(\n    'openai-community/gpt2'," in snippet
+    assert "import torch" not in snippet  # dtype as stored: torch is not used
+    assert "holds no weights" not in snippet
+    namespace: dict = {}
+    exec(snippet.split("model = ")[0], namespace)  # the imports and dicts run as written
+    assert namespace["device_map"] == window.session.device_map
+
+
+def test_copy_as_code_without_weights_or_repo_marks_the_placeholder(tiny_window) -> None:
+    snippet = map_io.copy_as_code(tiny_window)
+    assert "# tiny-lm holds no weights: put its Hub repo id or weights folder here\n" in snippet
+    assert "    'path/to/checkpoint',\n" in snippet
+    assert not snippet.startswith("import torch")
+    compile(snippet, "<snippet>", "exec")
+
+
+def test_copy_as_code_imports_torch_for_a_planning_dtype(tiny_window, tiny_opened) -> None:
+    window = tiny_window
+    window.set_opened("tiny-lm", tiny_opened.with_dtype("float16"), {"": "cpu"})
+    snippet = map_io.copy_as_code(window)
+    assert snippet.startswith("import torch\n")
+    assert "    dtype=torch.float16,\n" in snippet
+    compile(snippet, "<snippet>", "exec")
+
+
 def test_diff_against_a_map_file_lists_moves_bytes_and_speed(tiny_window, tmp_path) -> None:
     from workbench.gui.diff_dialog import show_diff_against_file
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.models.catalog import HUB_REPO_IDS, list_bundled_configs
+from workbench.models.catalog import (
+    HUB_REPO_IDS,
+    bundled_config_path,
+    hub_repo_id,
+    list_bundled_configs,
+)
 from workbench.models.intake import open_model
 
 # Published parameter counts (tied weights once), as transformers builds them.
@@ -39,3 +44,18 @@ def test_large_configs_have_real_counts(name: str) -> None:
     opened = open_model(name)
     assert opened.tree.root.param_count == LARGE[name]
     assert opened.no_split_modules  # decoder layers never split
+
+
+def test_hub_repo_id_knows_bundled_configs_by_name_or_file_and_hf_cache_sources(
+    tmp_path,
+) -> None:
+    assert hub_repo_id("llama-3.1-70b") == "meta-llama/Llama-3.1-70B"
+    assert hub_repo_id("gpt2.json") == "openai-community/gpt2"
+    assert hub_repo_id(str(bundled_config_path("qwen3-30b-a3b"))) == "Qwen/Qwen3-30B-A3B"
+    assert hub_repo_id("hf-cache:org/model") == "org/model"
+    assert hub_repo_id("tiny-llama-demo") is None  # bundled, but not on the Hub
+    copy = tmp_path / "llama-3.1-70b.json"  # same stem, but the user's own file
+    copy.write_text(bundled_config_path("llama-3.1-70b").read_text())
+    assert hub_repo_id(str(copy)) is None
+    assert hub_repo_id(str(tmp_path)) is None
+    assert hub_repo_id("no-such-model") is None

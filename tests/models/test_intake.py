@@ -134,6 +134,17 @@ def test_bad_configs_say_what_is_wrong(tmp_path: Path, config: dict | str, messa
     assert isinstance(caught.value, BadInputError) and isinstance(caught.value, ValueError)
 
 
+def test_a_non_utf8_config_names_the_file_byte_and_offset(tmp_path: Path) -> None:
+    folder = tmp_path / "latin1"
+    folder.mkdir()
+    path = folder / "config.json"
+    path.write_bytes('{"model_type": "llama", "name": "caf\u00e8"}'.encode("latin-1"))
+    with pytest.raises(ModelSourceError) as caught:
+        open_model(folder)
+    assert str(caught.value).startswith(f"{path}: not UTF-8 text (byte 0xe8 at offset 36)")
+    assert "codec" not in str(caught.value)
+
+
 def test_bad_sources_say_what_to_open(tmp_path: Path, demo_llama_dir: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("x")

@@ -14,22 +14,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QUndoCommand, QUndoStack
 from PySide6.QtWidgets import (
     QDialog,
+    QDialogButtonBox,
     QFileDialog,
+    QHeaderView,
     QLabel,
+    QSizePolicy,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
+    QWidget,
 )
 
 from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.big_modeling.errors import BadInputError
+from workbench.gui.colors import over_budget_color
 from workbench.gui.commands import SetDeviceMapCommand
 from workbench.gui.formatting import format_nbytes, format_rate, format_seconds
-from workbench.gui.map_edit import MIXED, MapIndex
+from workbench.gui.map_edit import MIXED, MapIndex, compact_names
 
 if TYPE_CHECKING:
     from workbench.gui.main_window import MainWindow
@@ -58,8 +63,9 @@ def _resolve(index: MapIndex, name: str) -> Any:
         return index.device_of(node)
     if name in index.device_map:
         return index.device_map[name]
-    owner = index.tree.get(index.tree.tensor_owner.get(name, ""))
-    return index.device_of(owner) if owner is not None else None
+    owner_name = index.tree.tensor_owner.get(name)
+    owner = index.tree.get(owner_name) if owner_name is not None else None
+    return index.device_of(owner) if owner is not None else None  # an unknown name: nowhere
 
 
 def diff_maps(tree: ModuleTree, before: dict[str, Any], after: dict[str, Any]) -> MapDiff:
@@ -94,7 +100,11 @@ def _first_map_command(command: QUndoCommand) -> SetDeviceMapCommand | None:
 
 
 class DiffDialog(QDialog):
-    """Non-modal dialog showing a ``MapDiff`` and the predicted speed before/after."""
+    """Non-modal dialog showing a ``MapDiff``, each map's problems and the predicted speed.
+
+    Unknown keys and uncovered modules of either map are named (the first few, then a count);
+    long messages wrap, so the dialog keeps a readable width whatever the maps hold.
+    """
 
     def __init__(self, window: MainWindow, other: dict[str, Any], other_label: str) -> None:
         super().__init__(window)
@@ -105,32 +115,72 @@ class DiffDialog(QDialog):
         assert tree is not None  # callers check that a model is open
         current = dict(window.session.device_map)
         self.diff = diff_maps(tree, other, current)
+        self.problems = map_problems(tree, other, other_label) + map_problems(
+            tree, current, "the current map"
+        )
+        column_label = _elide(other_label, 32)
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel(f"<b>{len(self.diff.moved)}</b> module(s) changed device", self))
-        moved = QTableWidget(len(self.diff.moved), 3, self)
-        moved.setHorizontalHeaderLabels(["Module", other_label, "current"])
+        self.problems_label = _wrapped_label("<br>".join(f"⚠ {p}" for p in self.problems), self)
+        self.problems_label.setStyleSheet(f"color: {over_budget_color().name()};")
+        self.problems_label.setVisible(bool(self.problems))
+        layout.addWidget(self.problems_label)
+        self.moved_table = self._moved_table(tree, column_label, other_label)
+        layout.addWidget(self.moved_table, 2)
+        self.totals_table = self._totals_table(column_label, other_label)
+        layout.addWidget(self.totals_table)
+        speed = self._speed_text(window, other, current)
+        self.speed_label = _wrapped_label(_shorten(speed), self)
+        self.speed_label.setToolTip(speed if len(speed) > MESSAGE_CHARS else "")
+        layout.addWidget(self.speed_label)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close, self)
+        self.buttons.rejected.connect(self.close)
+        layout.addWidget(self.buttons)
+        self.resize(_initial_size(window))
+
+    def _moved_table(self, tree: ModuleTree, column_label: str, other_label: str) -> QTableWidget:
+        table = QTableWidget(len(self.diff.moved), 3, self)
+        table.setHorizontalHeaderLabels(["Module", column_label, "current"])
+        table.horizontalHeaderItem(1).setToolTip(other_label)
+        unknown_color = over_budget_color()
         for row, (name, old, new) in enumerate(self.diff.moved):
-            for column, text in enumerate((name, _label(old), _label(new))):
-                moved.setItem(row, column, QTableWidgetItem(text))
-        moved.resizeColumnsToContents()
-        layout.addWidget(moved, 2)
+            known = name in tree or name in tree.tensor_owner
+            cells = (
+                name if known else f"{name} (not in the model)",
+                _label(old, known),
+                _label(new, known),
+            )
+            for column, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if not known:
+                    item.setForeground(unknown_color)
+                    item.setToolTip(f"{name!r} names no module or tensor of the model")
+                table.setItem(row, column, item)
+        table.resizeColumnsToContents()
+        header = table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        return table
+
+    def _totals_table(self, column_label: str, other_label: str) -> QTableWidget:
         devices = sorted(
             set(self.diff.bytes_before) | set(self.diff.bytes_after), key=device_sort_key
         )
-        totals = QTableWidget(len(devices), 2, self)
-        totals.setHorizontalHeaderLabels([other_label, "current"])
-        totals.setVerticalHeaderLabels([device_label(d) for d in devices])
+        table = QTableWidget(len(devices), 2, self)
+        table.setHorizontalHeaderLabels([column_label, "current"])
+        table.horizontalHeaderItem(0).setToolTip(other_label)
+        table.setVerticalHeaderLabels([device_label(d) for d in devices])
         for row, device in enumerate(devices):
-            totals.setItem(
-                row, 0, QTableWidgetItem(format_nbytes(self.diff.bytes_before.get(device, 0)))
-            )
-            totals.setItem(
-                row, 1, QTableWidgetItem(format_nbytes(self.diff.bytes_after.get(device, 0)))
-            )
-        layout.addWidget(totals, 1)
-        self.speed_label = QLabel(self._speed_text(window, other, current), self)
-        layout.addWidget(self.speed_label)
-        self.resize(640, 480)
+            for column, totals in enumerate((self.diff.bytes_before, self.diff.bytes_after)):
+                item = QTableWidgetItem(format_nbytes(totals.get(device, 0)))
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                table.setItem(row, column, item)
+        table.resizeColumnsToContents()  # the header text counts, so it is never clipped
+        table.resizeRowsToContents()
+        rows_px = table.verticalHeader().length() + table.horizontalHeader().sizeHint().height()
+        table.setMaximumHeight(
+            rows_px + 2 * table.frameWidth() + 2
+        )  # one row per device, no scroll
+        return table
 
     @staticmethod
     def _speed_text(window: MainWindow, before: dict[str, Any], after: dict[str, Any]) -> str:
@@ -152,8 +202,65 @@ class DiffDialog(QDialog):
         return "Predicted speed — " + "; ".join(parts)
 
 
-def _label(device: Any) -> str:
-    return "uncovered" if device is None else device_label(device)
+MESSAGE_CHARS = 300  # past this a message is cut; the full text goes to the tooltip
+NAMES_SHOWN = 12
+
+
+def map_problems(tree: ModuleTree, device_map: dict[str, Any], label: str) -> list[str]:
+    """Return what is wrong with ``device_map`` over ``tree``: keys naming nothing in the model,
+    and modules no key covers, each naming the first few (``"… and 690 more"``)."""
+    index = MapIndex(tree, device_map)
+    problems = []
+    unknown = index.unknown_names()
+    if unknown:
+        problems.append(
+            f"{label} names {len(unknown)} module(s) not in the model: {_some(unknown)}"
+        )
+    uncovered = compact_names(index.uncovered(limit=len(tree) + len(tree.leaf_tensors)))
+    if uncovered:
+        problems.append(f"{label} gives no device to {_some(uncovered)}")
+    return problems
+
+
+def _some(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN])
+    rest = len(names) - NAMES_SHOWN
+    return f"{shown} … and {rest} more" if rest > 0 else shown
+
+
+def _shorten(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """Cut ``text`` after ``limit`` characters at a word boundary, marking the cut with "…"."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > limit // 2 else limit].rstrip(",;") + " …"
+
+
+def _elide(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
+
+
+def _wrapped_label(text: str, parent: QWidget) -> QLabel:
+    label = QLabel(text, parent)
+    label.setWordWrap(True)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+    return label
+
+
+def _initial_size(window: QWidget) -> QSize:
+    """720 x 520, or less on a small screen."""
+    screen = window.screen()
+    if screen is None:
+        return QSize(720, 520)
+    available = screen.availableGeometry()
+    return QSize(min(720, int(available.width() * 0.9)), min(520, int(available.height() * 0.9)))
+
+
+def _label(device: Any, known: bool = True) -> str:
+    if device is None:
+        return "uncovered" if known else "—"
+    return device_label(device)
 
 
 def show_diff(window: MainWindow, other: dict[str, Any], other_label: str) -> DiffDialog | None:

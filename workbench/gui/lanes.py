@@ -36,7 +36,8 @@ class LaneState:
         device: canonical device value.
         title: e.g. ``"cuda:0 · NVIDIA H100"``.
         used_bytes: planning bytes placed on the device.
-        budget_bytes: the device budget (0 = unknown).
+        budget_bytes: the device budget; ``0`` means the device may hold nothing, ``None``
+            means no budget is set (never over budget).
         reserve_bytes: bytes kept free for activations on this device.
         blocks: compacted names of the map entries on the device.
         in_profile: False for a device the map uses but the profile lacks.
@@ -45,15 +46,15 @@ class LaneState:
     device: int | str
     title: str
     used_bytes: int
-    budget_bytes: int
+    budget_bytes: int | None
     reserve_bytes: int
     blocks: tuple[str, ...]
     in_profile: bool = True
 
     @property
     def excess_bytes(self) -> int:
-        """Bytes over budget (0 when it fits; an unknown budget never overflows)."""
-        if self.budget_bytes <= 0:
+        """Bytes over budget (0 when it fits; a device without a budget never overflows)."""
+        if self.budget_bytes is None:
             return 0
         return max(0, self.used_bytes + self.reserve_bytes - self.budget_bytes)
 
@@ -90,7 +91,7 @@ class CapacityBar(QWidget):
         painter.drawRoundedRect(rect, 4, 4)
         if state is None:
             return
-        total = max(state.budget_bytes, state.used_bytes + state.reserve_bytes, 1)
+        total = max(state.budget_bytes or 0, state.used_bytes + state.reserve_bytes, 1)
         inner = rect.adjusted(1, 1, -1, -1)
         used_w = inner.width() * min(state.used_bytes, total) / total
         fill = over_budget_color() if state.over_budget else device_color(state.device)
@@ -102,7 +103,7 @@ class CapacityBar(QWidget):
             reserve = reserve_color()
             painter.setBrush(QColor(reserve.red(), reserve.green(), reserve.blue(), 170))
             painter.drawRect(QRectF(inner.left() + used_w, inner.top(), reserve_w, inner.height()))
-        if state.budget_bytes and state.excess_bytes:
+        if state.budget_bytes is not None and state.excess_bytes:
             limit_x = inner.left() + inner.width() * state.budget_bytes / total
             painter.setPen(self.palette().text().color())
             painter.drawLine(int(limit_x), int(inner.top()), int(limit_x), int(inner.bottom()))
@@ -112,7 +113,7 @@ def _bar_tooltip(state: LaneState) -> str:
     lines = [f"{format_nbytes(state.used_bytes)} placed on {device_label(state.device)}"]
     if state.reserve_bytes:
         lines.append(f"{format_nbytes(state.reserve_bytes)} reserved for activations / KV cache")
-    if state.budget_bytes:
+    if state.budget_bytes is not None:
         lines.append(f"budget {format_nbytes(state.budget_bytes)}")
     if state.excess_bytes:
         lines.append(f"over budget by {format_nbytes(state.excess_bytes)}")
@@ -158,7 +159,7 @@ class DeviceLaneWidget(QFrame):
         figures = format_nbytes(state.used_bytes)
         if state.reserve_bytes:
             figures += f" + {format_nbytes(state.reserve_bytes)} reserve"
-        if state.budget_bytes:
+        if state.budget_bytes is not None:
             figures += f" / {format_nbytes(state.budget_bytes)}"
         if state.excess_bytes:
             red = over_budget_color().name()
@@ -280,13 +281,16 @@ class LanesWidget(QWidget):
         self,
         tree: ModuleTree | None,
         device_map: Mapping[str, int | str],
-        budgets: Mapping[int | str, int],
+        budgets: Mapping[int | str, int | None],
         *,
         reserve_bytes: int = 0,
         reserve_device: int | str | None = None,
         titles: Mapping[int | str, str] | None = None,
     ) -> None:
-        """Rebuild every lane's state from the map, budgets and reserve."""
+        """Rebuild every lane's state from the map, budgets and reserve.
+
+        A budget of ``0`` means the device may hold nothing; ``None`` means no limit.
+        """
         self.tree = tree
         self.device_map = dict(device_map)
         titles = titles or {}
@@ -302,7 +306,7 @@ class LanesWidget(QWidget):
                     device=device,
                     title=f"{label} · {titles[device]}" if titles.get(device) else label,
                     used_bytes=used.get(device, 0),
-                    budget_bytes=int(budgets.get(device, 0)),
+                    budget_bytes=_budget_of(budgets, device),
                     reserve_bytes=reserve_bytes if device == reserve_device else 0,
                     blocks=tuple(blocks),
                     in_profile=device in budgets,
@@ -357,3 +361,8 @@ class LanesWidget(QWidget):
             lane.drag_hint.connect(self.drag_hint)
             self._layout.insertWidget(position, lane)
             self.lanes.append(lane)
+
+
+def _budget_of(budgets: Mapping[int | str, int | None], device: int | str) -> int | None:
+    nbytes = budgets.get(device)
+    return None if nbytes is None else int(nbytes)

@@ -266,28 +266,51 @@ def export_dialog(window: MainWindow, *, wrapped: bool = False) -> None:
 
 
 def code_snippet(window: MainWindow) -> str:
-    """Return a ``from_pretrained(device_map=..., max_memory=...)`` snippet for the map."""
+    """Return a ``from_pretrained(device_map=..., max_memory=...)`` snippet for the map.
+
+    The checkpoint is the model folder, else the Hub repo id of a bundled config or an
+    ``hf-cache:`` source, else a placeholder with a comment saying what to put there. ``torch``
+    is imported only when the snippet names a dtype.
+    """
+    from workbench.models.catalog import hub_repo_id
+
     session = window.session
     opened = session.opened
     class_name = getattr(opened, "model_class", "") or "AutoModelForCausalLM"
     folder = getattr(opened, "folder", None)
-    source = str(folder) if folder is not None else (session.source or "path/to/model")
+    source = session.source
+    placeholder = None
+    if folder is not None:
+        location = str(folder)
+    elif source and (repo_id := hub_repo_id(source)) is not None:
+        location = repo_id
+    else:
+        location = "path/to/checkpoint"
+        placeholder = (
+            f"# {source} holds no weights: put its Hub repo id or weights folder here"
+            if source
+            else "# put the model's Hub repo id or weights folder here"
+        )
     device_map = dict(session.device_map)
     max_memory = {d: f"{n // MIB}MiB" for d, n in session.budgets.items() if d != "disk"}
-    lines = [
-        "import torch",
+    dtype = getattr(session.tree, "planning_dtype", None) if session.tree is not None else None
+    lines = ["import torch"] if dtype is not None else []
+    lines += [
         f"from transformers import {class_name}",
         "",
         f"device_map = {_py_dict(device_map)}",
         f"max_memory = {_py_dict(max_memory)}",
         f"model = {class_name}.from_pretrained(",
-        f"    {source!r},",
+    ]
+    if placeholder:
+        lines.append(f"    {placeholder}")
+    lines += [
+        f"    {location!r},",
         "    device_map=device_map,",
         "    max_memory=max_memory,",
     ]
     if "disk" in device_map.values():
         lines.append('    offload_folder="offload",')
-    dtype = getattr(session.tree, "planning_dtype", None) if session.tree is not None else None
     if dtype is not None:
         lines.append(f"    dtype={dtype},")
     lines.append(")")

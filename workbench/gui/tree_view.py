@@ -3,7 +3,8 @@
 ``ModuleTreeView`` drags the selected rows (``MODULES_MIME``) onto the device lanes; device
 cells are drawn as coloured chips by ``DeviceChipDelegate``. Sorting and filtering go through a
 ``QSortFilterProxyModel`` with recursive filtering, so a match deep in the tree keeps its
-ancestors visible.
+ancestors visible; the panel then expands those ancestors (up to ``MAX_EXPANDED_MATCHES``
+matches) and shows the match count.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
     QHeaderView,
+    QLabel,
     QLineEdit,
     QSpinBox,
     QStyle,
@@ -48,6 +50,11 @@ from workbench.gui.tree_model import (
     SORT_ROLE,
     ModuleTreeModel,
 )
+from workbench.models.tree import ModuleNode, ModuleTree
+
+MAX_EXPANDED_MATCHES = 2000  # more rows than anyone scrolls through; keeps typing responsive
+FILTER_PLACEHOLDER = "Filter modules (Ctrl+F)"
+FILTER_TIP = "Show the modules whose full name contains this text (a pattern with Regex)"
 
 
 class DeviceChipDelegate(QStyledItemDelegate):
@@ -108,6 +115,24 @@ class ModuleFilterProxy(QSortFilterProxyModel):
         return None
 
 
+def matching_nodes(tree: ModuleTree, text: str, *, regex: bool) -> list[ModuleNode]:
+    """Return the nodes whose full name matches the filter ``text``, in model (pre-)order.
+
+    Matches what ``ModuleFilterProxy.set_pattern`` shows: case-insensitive search anywhere in
+    the name. A pattern Python's ``re`` rejects but Qt accepts is matched with Qt's engine.
+    """
+    pattern = text if regex else re.escape(text)
+    nodes = [node for node in tree.iter_nodes() if node.parent is not None]
+    try:
+        search = re.compile(pattern, re.IGNORECASE).search
+    except re.error:
+        expression = QRegularExpression(
+            pattern, QRegularExpression.PatternOption.CaseInsensitiveOption
+        )
+        return [node for node in nodes if expression.match(node.name).hasMatch()]
+    return [node for node in nodes if search(node.name)]
+
+
 class ModuleTreeView(QTreeView):
     """The tree: extended selection, drag source, uniform rows (fast with 100k modules)."""
 
@@ -154,9 +179,16 @@ class ModuleTreePanel(QWidget):
         self.view = ModuleTreeView(self)
         self.view.setModel(self.proxy)
         self.filter_edit = QLineEdit(self)
-        self.filter_edit.setPlaceholderText("Filter modules by name (Ctrl+F)")
+        self.filter_edit.setPlaceholderText(FILTER_PLACEHOLDER)
+        self.filter_edit.setToolTip(FILTER_TIP)
         self.filter_edit.setClearButtonEnabled(True)
         self.filter_edit.setAccessibleName("Filter modules")
+        placeholder_px = self.filter_edit.fontMetrics().horizontalAdvance(FILTER_PLACEHOLDER)
+        self.filter_edit.setMinimumWidth(placeholder_px + 48)  # frame, margins, clear button
+        self.match_label = QLabel(self)
+        self.match_label.setObjectName("filterMatches")
+        self.match_label.setAccessibleName("Filter matches")
+        self.matches: list[ModuleNode] = []
         self.regex_check = QCheckBox("Regex", self)
         self.depth_spin = QSpinBox(self)
         self.depth_spin.setRange(1, 12)
@@ -168,15 +200,19 @@ class ModuleTreePanel(QWidget):
         self.expand_button.setToolTip("Expand the tree to the chosen depth")
         self.collapse_button = QToolButton(self)
         self.collapse_button.setText("Collapse")
-        row = QHBoxLayout()
-        row.addWidget(self.filter_edit, 1)
-        row.addWidget(self.regex_check)
-        row.addWidget(self.depth_spin)
-        row.addWidget(self.expand_button)
-        row.addWidget(self.collapse_button)
+        filter_row = QHBoxLayout()
+        filter_row.addWidget(self.filter_edit, 1)
+        filter_row.addWidget(self.regex_check)
+        tools_row = QHBoxLayout()
+        tools_row.addWidget(self.match_label, 1)
+        tools_row.addWidget(self.depth_spin)
+        tools_row.addWidget(self.expand_button)
+        tools_row.addWidget(self.collapse_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addLayout(row)
+        layout.setSpacing(3)
+        layout.addLayout(filter_row)
+        layout.addLayout(tools_row)
         layout.addWidget(self.view)
         self._filter_timer = QTimer(self)
         self._filter_timer.setSingleShot(True)
@@ -191,16 +227,59 @@ class ModuleTreePanel(QWidget):
         model.modelReset.connect(self._on_model_reset)
 
     def apply_filter(self) -> None:
-        """Apply the filter box now (normally debounced by 200 ms)."""
+        """Apply the filter box now (normally debounced by 200 ms).
+
+        Expands the ancestors of the matches (of the first ``MAX_EXPANDED_MATCHES`` when there
+        are more) so every match shown is in view, and shows the match count.
+        """
         self._filter_timer.stop()
         text = self.filter_edit.text().strip()
-        error = self.proxy.set_pattern(text, regex=self.regex_check.isChecked())
-        self.filter_edit.setToolTip(error or "")
+        regex = self.regex_check.isChecked()
+        error = self.proxy.set_pattern(text, regex=regex)
+        self.filter_edit.setToolTip(error or FILTER_TIP)
         if error:
             self.filter_error.emit(error)
             return
-        if text:
-            self.view.expandToDepth(1)
+        tree = self.model.tree
+        self.matches = matching_nodes(tree, text, regex=regex) if text and tree else []
+        self._show_match_count(text)
+        if self.matches:
+            self._expand_to(self.matches[:MAX_EXPANDED_MATCHES])
+
+    def _show_match_count(self, text: str) -> None:
+        count = len(self.matches)
+        if not text or self.model.tree is None:
+            message, tip = "", ""
+        elif count == 0:
+            message, tip = "no matches", f"no module name matches {text!r}"
+        elif count > MAX_EXPANDED_MATCHES:
+            message = f"{count:,} matches (first {MAX_EXPANDED_MATCHES:,} expanded)"
+            tip = (
+                f"{count:,} modules match; the tree opens to the first {MAX_EXPANDED_MATCHES:,}. "
+                "Narrow the filter, or expand the rest by hand."
+            )
+        else:
+            message = f"{count:,} match" + ("" if count == 1 else "es")
+            tip = "Enter selects the first match"
+        self.match_label.setText(message)
+        self.match_label.setToolTip(tip)
+
+    def _expand_to(self, matches: list[ModuleNode]) -> None:
+        ancestors: dict[str, None] = {}  # ordered set, parents first per match
+        for node in matches:
+            chain = []
+            parent = node.parent
+            while parent is not None and parent.parent is not None and parent.name not in ancestors:
+                chain.append(parent.name)
+                parent = parent.parent
+            ancestors.update(dict.fromkeys(reversed(chain)))
+        view = self.view
+        view.collapseAll()
+        view.scheduleDelayedItemsLayout()  # one layout at the end, not one per expand
+        for name in ancestors:
+            index = self.proxy.mapFromSource(self.model.index_of(name))
+            if index.isValid():
+                view.expand(index)
 
     def select_names(self, names: list[str]) -> None:
         """Select the rows of ``names`` (visible through the current filter) and show the first."""
@@ -239,8 +318,19 @@ class ModuleTreePanel(QWidget):
 
     def _on_model_reset(self) -> None:
         self.view.expandToDepth(0)
+        self.matches = []
+        self.match_label.clear()
         header = self.view.header()
         header.resizeSection(NAME_COLUMN, 190)
-        header.resizeSection(CLASS_COLUMN, 120)
+        header.resizeSection(CLASS_COLUMN, self._class_column_width())
         header.resizeSection(PARAMS_COLUMN, 70)
         header.resizeSection(SIZE_COLUMN, 75)
+
+    def _class_column_width(self) -> int:
+        """Wide enough for the longest class name (``LlamaDecoderLayer``), within 120..260 px."""
+        tree = self.model.tree
+        if tree is None:
+            return 120
+        classes = {node.class_name for node in tree.iter_nodes()}
+        widest = max((self.view.fontMetrics().horizontalAdvance(c) for c in classes), default=0)
+        return max(120, min(widest + 16, 260))

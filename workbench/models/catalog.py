@@ -61,6 +61,31 @@ def is_bundled_name(name: str) -> bool:
     return bool(stem) and "/" not in stem and (configs_dir() / f"{stem}.json").is_file()
 
 
+def hub_repo_id(source: str) -> str | None:
+    """Return the Hugging Face Hub repo id of a model source, or ``None`` when it has none.
+
+    Knows a bundled config by name (``"llama-3.1-70b"``) or by its file in
+    ``resources/configs``, and an ``hf-cache:REPO_ID`` source. A local folder or any other
+    config file has no repo id.
+
+    Example:
+        >>> hub_repo_id("llama-3.1-70b")
+        'meta-llama/Llama-3.1-70B'
+    """
+    from workbench.models.hf_cache import HF_CACHE_PREFIX
+
+    if source.startswith(HF_CACHE_PREFIX):
+        return source.removeprefix(HF_CACHE_PREFIX) or None
+    path = Path(source)
+    if path.suffix == ".json" and path.is_file():
+        if path.resolve().parent != configs_dir().resolve():
+            return None
+        return HUB_REPO_IDS.get(path.stem)
+    if path.exists() or not is_bundled_name(source):
+        return None
+    return HUB_REPO_IDS.get(source.removesuffix(".json"))
+
+
 def bundled_config_path(name: str) -> Path:
     """Return the path of the bundled config ``name``.
 

@@ -269,12 +269,20 @@ def read_config(config_path: Path) -> dict[str, Any]:
     """Return the JSON object in ``config_path``.
 
     Raises:
-        ModelSourceError: unreadable file, invalid JSON (with line and column), not an object.
+        ModelSourceError: unreadable file, not UTF-8 (with the byte and its offset), invalid
+            JSON (with line and column), not an object.
     """
     try:
-        text = config_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelSourceError(f"cannot read {config_path}: {exc}") from exc
+        raw = config_path.read_bytes()
+    except OSError as exc:
+        raise ModelSourceError(f"cannot read {config_path}: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # worded as read_device_map words it
+        raise ModelSourceError(
+            f"{config_path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "a config.json is JSON text, as transformers' save_pretrained writes it"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
