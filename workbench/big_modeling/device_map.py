@@ -25,7 +25,7 @@ from torch import nn
 
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.big_modeling.devices import DeviceValue, normalize_device
-from workbench.big_modeling.errors import BadInputError, DeviceMapError
+from workbench.big_modeling.errors import BadInputError, DeviceMapError, not_utf8_text
 
 __all__ = [
     "FORMAT_NAME",
@@ -316,7 +316,7 @@ def read_device_map(path: str | Path) -> DeviceMapReading:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise DeviceMapError(
-            f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
+            f"{not_utf8_text(path, data, error)}; "
             "a device map is a JSON file of module names to devices"
         ) from None
     try:

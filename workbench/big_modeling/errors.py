@@ -29,3 +29,8 @@ class OffloadError(OSError):
 
 class LoadCancelled(Exception):
     """Raised inside a load when its cancel token is set; the load leaves no partial files."""
+
+
+def not_utf8_text(path: object, data: bytes, error: UnicodeDecodeError) -> str:
+    """``"<path>: not UTF-8 text (byte 0xe8 at offset 36)"`` for a failed ``data.decode()``."""
+    return f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})"

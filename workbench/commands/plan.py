@@ -12,7 +12,6 @@ import json
 import os
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -287,18 +286,14 @@ def emit_code(
     opened: Any, device_map: dict[str, Any], budgets: dict[int | str, int], *, source: str
 ) -> str:
     """The ``from_pretrained`` call that loads the model with this map and these budgets."""
-    from workbench.models.catalog import HUB_REPO_IDS, is_bundled_name
+    from workbench.models.catalog import hub_repo_id
     from workbench.models.dtypes import dtype_name
     from workbench.models.hf_cache import HF_CACHE_PREFIX
 
-    if source.startswith(HF_CACHE_PREFIX):
-        location = repr(source.removeprefix(HF_CACHE_PREFIX))
-    elif opened.folder is not None:
+    if opened.folder is not None and not source.startswith(HF_CACHE_PREFIX):
         location = repr(os.fspath(opened.folder))
-    elif not Path(source).exists() and is_bundled_name(source):
-        location = repr(HUB_REPO_IDS.get(source.removesuffix(".json"), "path/to/checkpoint"))
-    else:
-        location = repr("path/to/checkpoint")  # a bare config.json: point at its weights
+    else:  # a bare config.json without a Hub id: point at its weights
+        location = repr(hub_repo_id(source) or "path/to/checkpoint")
     map_lines = "\n".join(f"    {name!r}: {device!r}," for name, device in device_map.items())
     memory = ", ".join(
         f"{device!r}: {format_budget(nbytes)!r}" for device, nbytes in budgets.items()

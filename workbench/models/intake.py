@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from workbench.big_modeling.errors import not_utf8_text
 from workbench.models.catalog import bundled_config_path, is_bundled_name
 from workbench.models.dtypes import parse_dtype
 from workbench.models.errors import ModelSourceError
@@ -278,9 +279,9 @@ def read_config(config_path: Path) -> dict[str, Any]:
         raise ModelSourceError(f"cannot read {config_path}: {exc.strerror or exc}") from exc
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:  # worded as read_device_map words it
+    except UnicodeDecodeError as exc:
         raise ModelSourceError(
-            f"{config_path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            f"{not_utf8_text(config_path, raw, exc)}; "
             "a config.json is JSON text, as transformers' save_pretrained writes it"
         ) from None
     try:
