@@ -127,11 +127,13 @@ def main_window(qtbot: Any, clean_settings: Path, test_profile: Any) -> Iterator
     from workbench.gui.main_window import MainWindow
 
     window = MainWindow(profiles=[test_profile])
-    qtbot.addWidget(window)
+    # a test's edits are no one's work: close without asking (qtbot closes before teardown)
+    qtbot.addWidget(window, before_close_func=lambda w: w.session.mark_clean())
     window.errors = []  # type: ignore[attr-defined]
     window._show_error = lambda title, text: window.errors.append((title, text))  # type: ignore[attr-defined]
     window.show()
     yield window
+    window.session.mark_clean()
     window.close()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from PySide6.QtWidgets import QPushButton
+from PySide6.QtWidgets import QMessageBox, QPushButton
 
 from workbench.gui import settings as app_settings
 from workbench.gui.main_window import MainWindow
@@ -55,7 +55,9 @@ def test_profile_budgets_geometry_and_splitters_survive_a_restart(
     again.close()
 
 
-def test_autosave_is_written_and_offered_after_an_unclean_exit(main_window, tiny_opened) -> None:
+def test_autosave_is_written_and_offered_after_an_unclean_exit(
+    qtbot, main_window, tiny_opened
+) -> None:
     window = main_window
     window.set_opened("tiny-lm", tiny_opened, {"": "cpu"})
     window.lanes.lane(1).dropMimeData(modules_mime_data(["layers.3"]))
@@ -65,7 +67,10 @@ def test_autosave_is_written_and_offered_after_an_unclean_exit(main_window, tiny
     assert saved["device_map"] == window.session.device_map
     assert saved["source"] == "tiny-lm"
     assert app_settings.pending_autosave() == path  # a crash now would lose nothing
-    window.close()  # a clean exit removes it
+    window.close()  # asks first (unsaved changes); Discard is a clean exit, which removes it
+    qtbot.waitUntil(lambda: window.save_prompt is not None, timeout=5000)
+    window.save_prompt.button(QMessageBox.StandardButton.Discard).click()
+    assert not window.isVisible()
     assert app_settings.pending_autosave() is None
     assert not path.exists()
 

@@ -1,5 +1,6 @@
-"""Keyboard and menus of the main window: Ctrl+1..9 after the Edit menu was shown, the tree's
-context menu, Ctrl+Z / Ctrl+Shift+Z and the undo history view."""
+"""Keyboard, menus and toolbar of the main window: Ctrl+1..9 after the Edit menu was shown, the
+tree's context menu, Ctrl+Z / Ctrl+Shift+Z and the undo history view, actions that wait for a
+model or a selection, the toolbar's short Undo / Redo."""
 
 from __future__ import annotations
 
@@ -84,3 +85,65 @@ def test_ctrl_z_and_ctrl_shift_z_undo_and_redo_through_the_history(tiny_window, 
     assert window.session.device_map == second
     window.undo_view.setCurrentIndex(history.index(0, 0))
     assert window.session.device_map == {"": "cpu"}
+
+
+MODEL_ACTIONS = ("export_map", "export_wrapped", "copy_code", "plan", "diff_file", "diff_history")
+
+
+@pytest.mark.slow  # opens a what-if config with transformers on a worker thread
+def test_actions_that_need_a_model_wait_for_one(main_window, open_in_window, whatif_config) -> None:
+    from PySide6.QtGui import QGuiApplication
+
+    window = main_window
+    actions = window.actions_by_name
+    for name in MODEL_ACTIONS:
+        assert not actions[name].isEnabled(), name
+        assert "Open a model first" in actions[name].toolTip(), name
+    assert not window.move_menu.menuAction().isEnabled()
+    QGuiApplication.clipboard().setText("before")
+    actions["copy_code"].trigger()  # a disabled action does nothing, shortcut or not
+    assert QGuiApplication.clipboard().text() == "before"
+
+    open_in_window(window, whatif_config)
+    for name in MODEL_ACTIONS:
+        assert actions[name].isEnabled(), name
+        assert "Open a model first" not in actions[name].toolTip(), name
+    assert actions["export_map"].toolTip().startswith("Export the map")
+    actions["copy_code"].trigger()
+    assert "device_map" in QGuiApplication.clipboard().text()
+
+
+def test_move_menus_wait_for_a_selection(tiny_window, qtbot) -> None:
+    window = tiny_window
+    move = window.move_menu.menuAction()
+    window.tree_view.clearSelection()
+    assert not move.isEnabled() and move.toolTip() == "Select modules in the tree first"
+    corner = window.tree_view.viewport().rect().bottomLeft()
+    window.tree_view.customContextMenuRequested.emit(corner)
+    menu = next(m for m in window.findChildren(QMenu) if m.isVisible())
+    assert menu.actions()[0].text() == "Move to" and not menu.actions()[0].isEnabled()
+    menu.close()
+    select_rows(window, ["layers.1"])
+    assert move.isEnabled()
+
+
+def test_toolbar_undo_keeps_its_text_short_and_names_the_command_in_its_tooltip(
+    tiny_window,
+) -> None:
+    from PySide6.QtWidgets import QToolButton
+
+    from workbench.gui.commands import push_plan
+
+    window = tiny_window
+    push_plan(window.undo_stack, window.session, {"": 0}, strategy="balanced")
+    undo = window.actions_by_name["undo"]
+    button = window.main_toolbar.widgetForAction(undo)
+    assert isinstance(button, QToolButton)
+    assert button.text() == "Undo"
+    assert undo.text() == "&Undo Apply balanced plan"  # the Edit menu keeps the full name
+    assert undo.toolTip().startswith("Undo Apply balanced plan")
+    window.undo_stack.undo()
+    assert window.actions_by_name["redo"].toolTip().startswith("Redo Apply balanced plan")
+    assert window.main_toolbar.widgetForAction(window.actions_by_name["redo"]).text() == "Redo"
+    assert undo.toolTip().startswith("Nothing to undo")
+    assert window.main_toolbar.sizeHint().width() <= 1280  # no » overflow on a laptop

@@ -2,7 +2,9 @@
 
 The window observes one ``Session`` (the document) and changes it only through commands on
 ``undo_stack``. Opening a model runs ``open_model`` on a ``TaskThread`` with a busy indicator,
-so the window never freezes. GUI part 2 adds its panels through
+so the window never freezes. The session is clean after an open and whenever the undo stack
+is back at its clean index; closing or replacing unsaved work asks Save / Discard / Cancel
+(``window_persistence``). GUI part 2 adds its panels through
 ``workbench.gui.runtime_panels.install_runtime_panels(window)`` at the end of ``__init__``.
 
 Example:
@@ -48,9 +50,14 @@ from workbench.gui.window_actions import (
     handle_dropped_path,
     refresh_recent_menu,
     retint_action_icons,
+    update_action_states,
 )
 from workbench.gui.window_hardware import WindowHardwareMixin
-from workbench.gui.window_persistence import WindowPersistenceMixin
+from workbench.gui.window_persistence import (
+    UnsavedChangesGuard,
+    WindowPersistenceMixin,
+    model_display_name,
+)
 from workbench.gui.workers import TaskThread
 from workbench.runtime.session import Session, SessionChange
 
@@ -92,6 +99,8 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self._profile: Any = None
         self._pending_map: dict[str, Any] | None = None
         self.restore_bar: QWidget | None = None
+        self.save_prompt: Any = None  # the open "Save changes…?" box, if any
+        self._close_without_asking = False
         self._show_error = self._show_error_box  # tests replace it to capture messages
         self._show_info = self._show_info_box
 
@@ -122,6 +131,10 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
 
         self._session_signals = _SessionSignals(self)
         self._session_signals.changed.connect(self._on_session_changed)
+        self.undo_stack.cleanChanged.connect(self._on_undo_clean_changed)
+        self.tree_view.selectionModel().selectionChanged.connect(
+            lambda *_: update_action_states(self)
+        )
         self._unsubscribe = self.session.subscribe(self._session_signals.changed.emit)
         self._speed_timer = _single_shot(self, 150, self.update_speed_prediction)
         self._autosave_timer = _single_shot(self, 1000, self.autosave_now)
@@ -138,6 +151,9 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
             from workbench.gui.runtime_panels import install_runtime_panels
 
             install_runtime_panels(self)
+        # Installed last, so it sees a Close before the other filters on the window (the
+        # runtime panels shut the worker down on Close): Cancel leaves everything running.
+        self.installEventFilter(UnsavedChangesGuard(self))
 
     # --- layout -------------------------------------------------------------------------
 
@@ -232,7 +248,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self, source: str, opened: Any, device_map: dict[str, Any] | None = None
     ) -> None:
         """Show an opened model; the map starts as ``device_map`` or everything on the first
-        device of the profile. Clears the undo history (a new document)."""
+        device of the profile. Clears the undo history (a new document, clean)."""
         self.undo_stack.clear()
         _unfreeze_gc()  # let the previous model's node cycles be collected
         if self.session.source != str(source):
@@ -240,6 +256,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.session.set_opened(opened)
         first = next(iter(self.session.budgets), "cpu")
         self.session.set_device_map(device_map or {"": first}, reason="open")
+        self.session.mark_clean()
         self.undo_stack.setClean()
         app_settings.add_recent_model(str(source))
         refresh_recent_menu(self)
@@ -287,8 +304,16 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         if change.what in ("budgets", "profile", "restored"):
             self.planner_panel.sync_from_session()
             self.remember_hardware()
-        if self._autosave_enabled and change.what not in ("dirty",):
+        if change.what == "dirty":
+            if not self.session.dirty:  # saved: undoing from here makes it dirty again
+                self.undo_stack.setClean()
+            self._update_title()
+        elif self._autosave_enabled:
             self._autosave_timer.start()
+
+    def _on_undo_clean_changed(self, clean: bool) -> None:
+        if clean:  # undo or redo returned to the state that was opened or saved
+            self.session.mark_clean()
 
     def refresh(self) -> None:
         """Bring the tree's device column, lanes, budgets and status bar up to date."""
@@ -311,7 +336,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
             self.model_status.setText("no model — File > Open, or drop a folder here")
         else:
             dtype = str(tree.planning_dtype or "as stored").replace("torch.", "")
-            name = _model_name(session.source)
+            name = model_display_name(session.source)
             self.model_status.setText(
                 f"{name} · {format_param_count(tree.root.param_count)} params · "
                 f"{format_nbytes(tree.root.nbytes)} {dtype}"
@@ -324,9 +349,14 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
             self.validity_status.style().unpolish(self.validity_status)  # re-read the style
             self.validity_status.style().polish(self.validity_status)
         self.devices_status.setText(f"{len(self.lanes.lanes)} devices")
+        self._update_title()
+        update_action_states(self)
+
+    def _update_title(self) -> None:
         title = "Model Memory Workbench"
-        if tree is not None:
-            title = f"{_model_name(session.source)}{' *' if session.dirty else ''} — {title}"
+        if self.session.tree is not None:
+            name = model_display_name(self.session.source)
+            title = f"{name}{' *' if self.session.dirty else ''} — {title}"
         self.setWindowTitle(title)
 
     def execution_device(self) -> int | str:
@@ -341,6 +371,8 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         super().changeEvent(event)
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        """Close for good (``UnsavedChangesGuard`` has asked about unsaved changes already)."""
+        self._close_without_asking = False
         self.save_window_state()
         for thread in (self.open_thread, self.planner_panel.thread, self.speed_thread):
             if thread is not None:
@@ -412,16 +444,6 @@ def _single_shot(parent: QObject, interval_ms: int, slot: Any) -> QTimer:
     timer.setInterval(interval_ms)
     timer.timeout.connect(slot)
     return timer
-
-
-def _model_name(source: str | None) -> str:
-    if not source:
-        return "untitled"
-    text = str(source).rstrip("/")
-    name = text.rsplit("/", 1)[-1]
-    if name == "config.json":
-        name = text.rsplit("/", 2)[-2] if text.count("/") >= 1 else name
-    return name.removesuffix(".json")
 
 
 __all__ = ["MainWindow", "device_label"]

@@ -5,6 +5,9 @@ action is reachable from the keyboard; Ctrl+1..9 move the selected rows to lane 
 those shortcuts belongs to exactly one ``QAction`` of the window, which Edit > Move selection to
 and the tree's context menu reuse (a second action with the same shortcut would make Qt call
 the key ambiguous and do nothing).
+
+Actions that need a model are disabled, with a tooltip saying so, until one is open; the Move
+menus also wait for a selection (``update_action_states``).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QMimeData, QPoint, Qt
+import shiboken6
+from PySide6.QtCore import QMimeData, QObject, QPoint, Qt, Slot
 from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QMenu, QToolBar
+from PySide6.QtWidgets import QFileDialog, QMenu, QToolBar, QToolButton
 
 from workbench.big_modeling.devices import device_label
 from workbench.gui import settings as app_settings
@@ -25,7 +29,10 @@ if TYPE_CHECKING:
     from workbench.gui.main_window import MainWindow
 
 MAX_LANE_SHORTCUTS = 9
-
+MODEL_ACTIONS = ("export_map", "export_wrapped", "copy_code", "plan", "diff_file", "diff_history")
+NEEDS_MODEL = "Open a model first (File > Open)"
+NEEDS_SELECTION = "Select modules in the tree first"
+ENABLED_TIP_PROPERTY = "workbenchEnabledTip"
 
 ICON_NAME_PROPERTY = "workbenchIconName"
 
@@ -136,7 +143,10 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
             tip="Compare the current map with a map file",
         ),
         "diff_history": _action(
-            window, "Diff against &earlier state", lambda: show_diff_against_history(window)
+            window,
+            "Diff against &earlier state",
+            lambda: show_diff_against_history(window),
+            tip="Compare the current map with a state from the history",
         ),
         "filter": _action(
             window,
@@ -157,7 +167,11 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     redo = window.undo_stack.createRedoAction(window, "&Redo")
     redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence.StandardKey.Redo])
     set_action_icon(redo, "redo")
+    _short_button_text(undo, "Undo", window.undo_stack.undoTextChanged)
+    _short_button_text(redo, "Redo", window.undo_stack.redoTextChanged)
     actions["undo"], actions["redo"] = undo, redo
+    for name in MODEL_ACTIONS:
+        actions[name].setProperty(ENABLED_TIP_PROPERTY, actions[name].toolTip())
 
     bar = window.menuBar()
     file_menu = bar.addMenu("&File")
@@ -178,6 +192,8 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     edit_menu.addAction(redo)
     edit_menu.addSeparator()
     window.move_menu = edit_menu.addMenu("&Move selection to")
+    window.move_menu.setToolTipsVisible(True)
+    edit_menu.setToolTipsVisible(True)
     window.move_menu.aboutToShow.connect(lambda: _fill_move_menu(window, window.move_menu))
     for number in range(1, MAX_LANE_SHORTCUTS + 1):
         lane_action = _action(
@@ -201,7 +217,9 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     ):
         view_menu.addAction(dock.toggleViewAction())
 
+    file_menu.setToolTipsVisible(True)
     tools_menu = bar.addMenu("&Tools")
+    tools_menu.setToolTipsVisible(True)
     for name in ("plan", "diff_file", "diff_history"):
         tools_menu.addAction(actions[name])
 
@@ -212,10 +230,9 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     toolbar.addWidget(window.hardware_selector)
     toolbar.addAction(actions["plan"])
     toolbar.addSeparator()
-    toolbar.addAction(actions["import_map"])
-    toolbar.addAction(actions["export_map"])
-    toolbar.addAction(actions["copy_code"])
-    toolbar.addAction(actions["diff_file"])
+    for name in ("import_map", "export_map", "copy_code", "diff_file"):
+        toolbar.addAction(actions[name])
+        _icon_only(toolbar, actions[name])  # secondary: the tooltip names them
     toolbar.addSeparator()
     toolbar.addAction(undo)
     toolbar.addAction(redo)
@@ -225,6 +242,66 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     window.tree_view.customContextMenuRequested.connect(lambda pos: _tree_context_menu(window, pos))
     refresh_recent_menu(window)
     return actions
+
+
+def _short_button_text(action: QAction, verb: str, text_changed: Any) -> None:
+    """Keep a toolbar button at ``verb`` while the menu entry names the command ("Undo Move
+    'norm' to disk"); the tooltip names it too, so the toolbar does not grow with the name."""
+    action.setIconText(verb)
+    tip = _CommandTip(action, verb)
+    text_changed.connect(tip.follow)  # a QObject slot: disconnected when the action goes
+    tip.follow("")
+
+
+class _CommandTip(QObject):
+    """Writes "Undo <command> (Ctrl+Z)" into its parent action's tooltip."""
+
+    def __init__(self, action: QAction, verb: str) -> None:
+        super().__init__(action)
+        self._action, self._verb = action, verb
+
+    @Slot(str)
+    def follow(self, command: str) -> None:
+        verb, action = self._verb, self._action
+        if not shiboken6.isValid(action):  # the stack clears itself while the window goes
+            return
+        shortcut = action.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
+        what = f"{verb} {command}" if command else f"Nothing to {verb.lower()}"
+        action.setToolTip(f"{what} ({shortcut})" if shortcut else what)
+
+
+def _icon_only(toolbar: QToolBar, action: QAction) -> None:
+    button = toolbar.widgetForAction(action)
+    if isinstance(button, QToolButton):
+        button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+
+
+def update_action_states(window: MainWindow) -> None:
+    """Enable the actions that need a model only while one is open (their tooltip says why
+    when disabled); Edit > Move selection to also needs selected rows."""
+    actions = getattr(window, "actions_by_name", None)
+    if not actions:
+        return
+    has_model = window.session.tree is not None
+    for name in MODEL_ACTIONS:
+        _enable(actions[name], has_model, NEEDS_MODEL)
+    for number in range(1, MAX_LANE_SHORTCUTS + 1):
+        actions[f"lane_{number}"].setEnabled(has_model)
+    selected = has_model and bool(window.tree_view.selectionModel().hasSelection())
+    _enable(
+        window.move_menu.menuAction(),
+        selected,
+        NEEDS_SELECTION if has_model else NEEDS_MODEL,
+    )
+
+
+def _enable(action: QAction, enabled: bool, reason: str) -> None:
+    """Enable ``action``, or disable it with ``reason`` as its tooltip and status tip."""
+    tip = action.property(ENABLED_TIP_PROPERTY) or ""
+    action.setEnabled(enabled)
+    shown = tip if enabled else (f"{tip} — {reason}" if tip else reason)
+    action.setToolTip(shown or action.text().replace("&", ""))
+    action.setStatusTip(shown)
 
 
 def _show_dock(dock: Any) -> None:
@@ -242,7 +319,7 @@ def _fill_whatif_menu(window: MainWindow) -> None:
     for entry in entries:
         action = window.whatif_menu.addAction(entry.name)
         action.setToolTip(f"{entry.architecture} ({entry.model_type}), shapes only, no weights")
-        action.triggered.connect(lambda _c=False, p=str(entry.path): window.open_source(p))
+        action.triggered.connect(lambda _c=False, p=str(entry.path): window.open_replacing(p))
 
 
 def refresh_recent_menu(window: MainWindow) -> None:
@@ -252,7 +329,7 @@ def refresh_recent_menu(window: MainWindow) -> None:
     recents = app_settings.recent_models()
     for source in recents:
         action = menu.addAction(source)
-        action.triggered.connect(lambda _c=False, s=source: window.open_source(s))
+        action.triggered.connect(lambda _c=False, s=source: window.open_replacing(s))
     menu.setEnabled(bool(recents))
 
 
@@ -277,9 +354,16 @@ def _move_to_lane(window: MainWindow, number: int) -> None:
 def _tree_context_menu(window: MainWindow, pos: QPoint) -> QMenu:
     menu = QMenu(window)
     menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    menu.setToolTipsVisible(True)
     move_menu = menu.addMenu("Move to")
     _fill_move_menu(window, move_menu)
     names = window.tree_view.selected_names()
+    has_model = window.session.tree is not None
+    _enable(
+        move_menu.menuAction(),
+        has_model and bool(names),
+        NEEDS_SELECTION if has_model else NEEDS_MODEL,
+    )
     copy = menu.addAction("Copy name")
     copy.setEnabled(bool(names))
     copy.triggered.connect(lambda: QGuiApplication.clipboard().setText("\n".join(names)))
@@ -296,13 +380,13 @@ def open_dialog(window: MainWindow) -> None:
         window, "Open config.json", "", "Model config (*.json);;All files (*)"
     )
     if path:
-        window.open_source(path)
+        window.open_replacing(path)
 
 
 def open_folder_dialog(window: MainWindow) -> None:
     path = QFileDialog.getExistingDirectory(window, "Open model folder")
     if path:
-        window.open_source(path)
+        window.open_replacing(path)
 
 
 def show_cache_browser(window: MainWindow) -> None:
@@ -310,7 +394,7 @@ def show_cache_browser(window: MainWindow) -> None:
     from workbench.gui.cache_browser import CacheBrowser
 
     browser = CacheBrowser(window)
-    browser.chosen.connect(window.open_source)
+    browser.chosen.connect(window.open_replacing)
     browser.show()
 
 
@@ -326,7 +410,7 @@ def handle_dropped_path(window: MainWindow, path: Path) -> None:
     from workbench.gui import map_io
 
     if path.is_dir() or path.name == "config.json" or _looks_like_config(path):
-        window.open_source(str(path))
+        window.open_replacing(str(path))
     elif path.suffix == ".json":
         map_io.import_device_map(window, path)
     else:

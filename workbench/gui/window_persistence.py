@@ -1,4 +1,5 @@
-"""Persistence and dialogs of ``MainWindow``: autosave, restore, window state, message boxes.
+"""Persistence and dialogs of ``MainWindow``: autosave, restore, window state, message boxes,
+and the "Save changes…?" question before unsaved work is closed or replaced.
 
 A mixin so ``main_window.py`` stays about layout and state; it relies on the window's
 ``session``, ``open_source``, ``tree_panel``, ``hardware_selector`` and ``main_splitter``.
@@ -7,10 +8,11 @@ A mixin so ``main_window.py`` stays about layout and state; it relies on the win
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMessageBox, QPushButton, QWidget
 
@@ -28,6 +30,67 @@ class WindowPersistenceMixin:
     _pending_map: dict[str, Any] | None
     _profile: Any
     restore_bar: QWidget | None
+    save_prompt: QMessageBox | None
+    _close_without_asking: bool
+
+    # --- unsaved changes ----------------------------------------------------------------
+
+    def has_unsaved_changes(self) -> bool:
+        """True when a model is open and its session changed since it was opened or saved."""
+        return self.session.tree is not None and self.session.dirty
+
+    def confirm_unsaved_changes(self, then: Callable[[], object]) -> QMessageBox | None:
+        """Run ``then`` now when nothing is unsaved; otherwise ask "Save changes to the session
+        for <model>?" in a window-modal box (it does not block) and run ``then`` after Save
+        (once the session is saved) or Discard. Cancel runs nothing. Returns the box shown."""
+        if not self.has_unsaved_changes():
+            then()
+            return None
+        if self.save_prompt is not None:  # already asking: one question at a time
+            self.save_prompt.raise_()
+            return self.save_prompt
+        buttons = QMessageBox.StandardButton
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            "Unsaved changes",
+            f"Save changes to the session for {model_display_name(self.session.source)}?",
+            buttons.Save | buttons.Discard | buttons.Cancel,
+            self,  # type: ignore[arg-type]
+        )
+        box.setObjectName("savePrompt")
+        box.setInformativeText(
+            "The device map, budgets or hardware changed since the model was opened or saved."
+        )
+        box.setDefaultButton(buttons.Save)
+        box.setEscapeButton(buttons.Cancel)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.finished.connect(lambda _result: self._on_save_prompt_answered(box, then))
+        self.save_prompt = box
+        box.open()
+        return box
+
+    def _on_save_prompt_answered(self, box: QMessageBox, then: Callable[[], object]) -> None:
+        self.save_prompt = None
+        answer = box.standardButton(box.clickedButton())
+        if answer == QMessageBox.StandardButton.Save:
+            from workbench.gui.map_io import save_session_dialog
+
+            save_session_dialog(self)  # type: ignore[arg-type]
+            if self.session.dirty:  # the file dialog was cancelled or the save failed
+                return
+        elif answer != QMessageBox.StandardButton.Discard:
+            return
+        then()
+
+    def open_replacing(self, source: str) -> None:
+        """Open ``source`` in place of the current model (File > Open, Recent, What-if, a
+        drop), asking first when the current session has unsaved changes."""
+        self.confirm_unsaved_changes(lambda: self.open_source(source))  # type: ignore[attr-defined]
+
+    def _close_after_answer(self) -> None:
+        self._close_without_asking = True
+        self.close()  # type: ignore[attr-defined]
 
     # --- persistence --------------------------------------------------------------------
 
@@ -137,3 +200,39 @@ class WindowPersistenceMixin:
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.setModal(False)
         box.show()
+
+
+class UnsavedChangesGuard(QObject):
+    """Event filter that turns a window's Close into "Save changes…?" while work is unsaved.
+
+    The close waits for the answer: Save (then closes once saved), Discard (closes), Cancel
+    (stays open). Install it last on the window, so it sees the Close before other filters.
+    """
+
+    def __init__(self, window: Any) -> None:
+        super().__init__(window)
+        self._window = window
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        window = self._window
+        if (
+            watched is window
+            and event.type() == QEvent.Type.Close
+            and not window._close_without_asking
+            and window.has_unsaved_changes()
+        ):
+            event.ignore()
+            window.confirm_unsaved_changes(window._close_after_answer)
+            return True
+        return False
+
+
+def model_display_name(source: str | None) -> str:
+    """A short name for ``source``: the folder or file name (``untitled`` when unset)."""
+    if not source:
+        return "untitled"
+    text = str(source).rstrip("/")
+    name = text.rsplit("/", 1)[-1]
+    if name == "config.json":
+        name = text.rsplit("/", 2)[-2] if text.count("/") >= 1 else name
+    return name.removesuffix(".json")

@@ -238,6 +238,11 @@ class Session:
         return previous
 
     def mark_clean(self) -> None:
+        """Say the document matches what was opened or saved (``dirty`` means changed since).
+
+        ``save`` calls it; a view calls it after opening a model or restoring a session, and
+        when its undo history returns to that state. Notifies ``dirty`` when it was dirty.
+        """
         if self.dirty:
             self.dirty = False
             self._notify(SessionChange(what="dirty"))
