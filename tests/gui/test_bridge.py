@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -208,3 +209,34 @@ def test_signal_emits_survive_a_busy_python_thread() -> None:
         [sys.executable, "-c", _RACE_SCRIPT], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-2000:]
+
+
+def test_worker_log_records_reach_the_hosts_workbench_loggers(bridge, qtbot, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="workbench")
+    bridge.start()
+    with qtbot.waitSignal(bridge.log, timeout=5000):
+        bridge.host.play(
+            [Log(logging.WARNING, "workbench.big_modeling.loading: missing keys: lm_head.bias")]
+        ).join()
+    records = [r for r in caplog.records if r.name == "workbench.worker"]
+    assert [(r.levelno, r.getMessage()) for r in records] == [
+        (logging.WARNING, "workbench.big_modeling.loading: missing keys: lm_head.bias")
+    ]
+
+
+def test_infer_predicts_for_the_providers_profile_unless_told_otherwise(bridge) -> None:
+    class Profile:
+        def to_dict(self) -> dict:
+            return {"name": "what-if"}
+
+    calls: list[tuple] = []
+    bridge.host.infer = lambda prompt, **kwargs: calls.append((prompt, kwargs)) or 3
+    assert bridge.infer("hi", max_new_tokens=2) == 3  # no provider: the worker detects
+    bridge.profile_provider = Profile
+    bridge.infer("hi", max_new_tokens=2)
+    bridge.infer("hi", profile="rtx4090-64gb")
+    assert calls == [
+        ("hi", {"max_new_tokens": 2}),
+        ("hi", {"max_new_tokens": 2, "profile": {"name": "what-if"}}),
+        ("hi", {"profile": "rtx4090-64gb"}),
+    ]

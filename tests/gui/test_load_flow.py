@@ -38,9 +38,16 @@ def stop_resource_tracker():
 
 @pytest.fixture
 def demo_window(
-    main_window: Any, open_in_window: Any, demo_dir: Path, tmp_path: Path, stop_resource_tracker
+    stop_resource_tracker: Any,
+    main_window: Any,
+    open_in_window: Any,
+    demo_dir: Path,
+    tmp_path: Path,
 ) -> Any:
-    """The main window with the generated demo open and planned over cpu + disk."""
+    """The main window with the generated demo open and planned over cpu + disk.
+
+    ``stop_resource_tracker`` comes first, so it is torn down last: after the window closed and
+    its worker exited (a live worker holds the tracker's pipe, and stopping it would wait)."""
     return _planned_window(main_window, open_in_window(main_window, demo_dir), tmp_path)
 
 
@@ -151,7 +158,7 @@ def test_full_flow_load_generate_verify_plots(demo_window: Any, qtbot: Any, tmp_
     assert disk_rows and all(t.nbytes > 0 for t in disk_rows)  # the disk layers were streamed
     assert transfer.heatmap().max() > 0
     module, tooltip = _hover_slowest_bar(demo_window, qtbot)
-    assert module in tooltip and "MiB" in tooltip and "GB/s" in tooltip
+    assert module in tooltip and "iB at " in tooltip and "B/s" in tooltip  # KiB/MiB, GB/MB/s
     # the speed model's prediction is drawn per layer on the bar chart
     assert transfer.prediction and set(transfer.prediction) <= set(transfer.layers)
     _, predicted_ms = transfer.predicted_curve.getOriginalDataset()
@@ -227,12 +234,12 @@ def test_sigkill_mid_load_shows_an_error_and_a_later_load_succeeds(
 
 
 def test_truncated_shard_through_the_real_worker_shows_the_error_dialog(
+    stop_resource_tracker: Any,
     main_window: Any,
     open_in_window: Any,
     demo_dir: Path,
     tmp_path: Path,
     qtbot: Any,
-    stop_resource_tracker: Any,
 ) -> None:
     bad = tmp_path / "bad-demo"
     shutil.copytree(demo_dir, bad)
@@ -254,3 +261,28 @@ def test_truncated_shard_through_the_real_worker_shows_the_error_dialog(
     dialog.close()
     assert window.session.device_map == planned and panels.load_action.isEnabled()
     assert not panels.controller.loaded
+
+
+def test_an_unusable_offload_folder_is_a_failed_load_that_says_what_to_do(
+    demo_window: Any, qtbot: Any, tmp_path: Path
+) -> None:
+    panels = demo_window.runtime_panels
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    panels.bridge.host.offload_root = blocker / "sub"
+    panels.controller.error_presenter = panels.controller._show_error_dialog
+    with qtbot.waitSignal(panels.controller.load_failed, timeout=5000) as failed:
+        panels.load_action.trigger()
+    assert failed.args[0].kind == "bad_input" and failed.args[0].job == "load"
+    dialog = panels.controller.last_error_dialog
+    assert dialog is not None and dialog.isVisible() and not dialog.isModal()
+    assert dialog.windowTitle() == "The offload folder cannot be created"
+    text = dialog.text()
+    assert str(blocker / "sub") in text and "WORKBENCH_OFFLOAD_DIR" in text
+    assert "device map is unchanged" in text and not text.startswith("[Errno")
+    assert panels.progress_widget.label.text() == "load failed"
+    assert panels.memory_plot.marker_labels == ["load failed"]
+    assert "The offload folder cannot be created" in demo_window.log_view.toPlainText()
+    assert panels.bridge.host.pid is None  # no worker was started for a load that cannot run
+    assert panels.load_action.isEnabled() and not panels.controller.busy
+    dialog.close()

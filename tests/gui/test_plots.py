@@ -146,10 +146,12 @@ def test_memory_plot_budgets_markers_and_csv(tmp_path, qtbot, memory_plot: Memor
     assert memory_plot.marker_labels == ["load start"]
     out = memory_plot.export_csv(tmp_path / "memory.csv")
     rows = list(csv.reader(io.StringIO(out.read_text())))
-    assert rows[0] == ["t_s", "worker rss (bytes)", "system available (bytes)"]
-    assert rows[1] == ["0.000", "1024", ""]
-    assert rows[2] == ["1.000", "2048", "4096"]
-    assert rows[3] == ["0.500", "", "", "marker: load start"]
+    assert rows[0] == ["t_s", "worker rss (bytes)", "system available (bytes)", "marker"]
+    assert rows[1:] == [  # in time order, every row as wide as the header
+        ["0.000", "1024", "", ""],
+        ["0.500", "", "", "load start"],
+        ["1.000", "2048", "4096", ""],
+    ]
 
 
 def test_markers_close_in_time_put_their_labels_on_alternate_rows(
@@ -165,6 +167,42 @@ def test_markers_close_in_time_put_their_labels_on_alternate_rows(
     memory_plot.append_sample(0.0, {"worker rss": 1024})
     memory_plot.add_marker(1.0, "load start")
     assert memory_plot._markers[0][2].label.orthoPos == rows[0]  # a reset starts over
+
+
+def test_a_marker_before_the_first_sample_is_in_view(qtbot, memory_plot: MemoryPlot) -> None:
+    memory_plot.add_marker(100.0, "load start")  # the load starts before telemetry arrives
+    memory_plot.refresh()
+    (x0, x1), _ = memory_plot.plot_widget.getPlotItem().getViewBox().viewRange()
+    assert x0 < 0.0 < x1  # shown already, off the left axis
+    memory_plot.append_sample(103.0, {"worker rss": GIB})
+    memory_plot.append_sample(104.0, {"worker rss": GIB})
+    memory_plot.refresh()
+    (x0, x1), _ = memory_plot.plot_widget.getPlotItem().getViewBox().viewRange()
+    assert x0 < 0.0 and x1 >= 4.0  # the marker (x 0) and the samples (x 3..4) both show
+
+
+def test_budget_label_never_overlaps_a_marker_label(qtbot, memory_plot: MemoryPlot) -> None:
+    memory_plot.set_budgets({"cpu": 8 * GIB})  # y range 0-10 GiB: the line at 80% height
+    for k in range(41):
+        memory_plot.append_sample(float(k), {"worker rss": GIB})
+    labels = ["load start", "load end", "infer #1", "infer #2", "verify #3", "unload"]
+    for t_s, label in zip([1.0, 3.0, 12.0, 13.0, 22.0, 30.0], labels, strict=True):
+        memory_plot.add_marker(t_s, label)  # one near 30% of the width, where the label was
+    memory_plot.refresh()
+    budget = memory_plot._budget_lines["cpu"].label
+    view_box = memory_plot.plot_widget.getPlotItem().getViewBox()
+
+    def budget_label_placed() -> bool:  # labels follow the new view on the next event pass
+        rect = budget.mapRectToScene(budget.boundingRect())
+        return view_box.sceneBoundingRect().contains(rect)
+
+    qtbot.waitUntil(budget_label_placed, timeout=5000)
+    budget_rect = budget.mapRectToScene(budget.boundingRect())
+    for _, label, line in memory_plot._markers:
+        marker_rect = line.label.mapRectToScene(line.label.boundingRect())
+        assert not budget_rect.intersects(marker_rect), label
+    legend = memory_plot.plot_widget.getPlotItem().legend
+    assert not budget_rect.intersects(legend.sceneBoundingRect())
 
 
 def test_file_backed_series_is_a_dashed_worker_line_and_the_last_csv_column(
@@ -200,11 +238,12 @@ def test_file_backed_series_is_a_dashed_worker_line_and_the_last_csv_column(
         "worker rss (bytes)",
         "system available (bytes)",
         "cuda:0 allocated (bytes)",
-        "worker file-backed (bytes)",  # last, though it appeared before the CUDA series
+        "worker file-backed (bytes)",  # last of the series, though it came before CUDA
+        "marker",
     ]
     gib = int(GIB)
-    assert rows[1] == ["0.000", str(3 * gib), str(20 * gib), "", str(gib // 2)]
-    assert rows[5] == ["4.000", str(7 * gib), "", str(gib), ""]
+    assert rows[1] == ["0.000", str(3 * gib), str(20 * gib), "", str(gib // 2), ""]
+    assert rows[5] == ["4.000", str(7 * gib), "", str(gib), "", ""]
 
 
 def test_memory_plot_pause_freezes_display_and_resume_catches_up(qtbot, memory_plot) -> None:
@@ -226,7 +265,7 @@ def test_memory_plot_reset_forgets_samples(qtbot, memory_plot: MemoryPlot) -> No
     memory_plot.add_marker(0.0, "x")
     memory_plot.controls.reset_button.click()
     assert memory_plot.sample_count == 0 and memory_plot.marker_labels == []
-    assert memory_plot.to_csv().strip() == "t_s,worker rss (bytes)"
+    assert memory_plot.to_csv().strip() == "t_s,worker rss (bytes),marker"
 
 
 def test_export_buttons_write_png_and_csv(tmp_path, qtbot, memory_plot: MemoryPlot) -> None:
@@ -344,7 +383,7 @@ def test_transfer_plot_hover_names_module_bytes_and_bandwidth(transfer_plot) -> 
     transfer_plot.add_forward(_forward())
     transfer_plot.set_prediction({"model.layers.1": 0.011})
     text = transfer_plot.hover_text_at(2.1, 5.0)
-    assert "model.layers.1" in text and "7.6 MiB" in text and "0.80 GB/s" in text
+    assert "model.layers.1" in text and "7.63 MiB" in text and "0.8 GB/s" in text
     assert "from disk" in text and "predicted 11.00 ms" in text
     assert transfer_plot.hover_text_at(2.5, 5.0) == ""  # between bars
     assert transfer_plot.hover_text_at(2.0, 50.0) == ""  # above the bar
@@ -399,6 +438,47 @@ def test_transfer_plot_cost_per_forward_scales_linearly_with_layers(transfer_plo
     large = min(seconds_per_forward(3000) for _ in range(3))
     # 100x the layers: linear work costs ~100-400x (caches); a list search per layer ~10000x
     assert large / small < 1000, f"3000 layers cost {large / small:.0f}x 30 layers per forward"
+
+
+def test_transfer_plot_is_readable_in_a_low_dock(qtbot) -> None:
+    plot = TransferPlot(max_steps=8)
+    qtbot.addWidget(plot)
+    plot.resize(1600, 230)  # the Runtime dock's default height
+    plot.show()
+    qtbot.waitExposed(plot)
+    for k in range(3):
+        plot.add_forward(_forward(1.0 + k))
+    plot.refresh()
+    bars = plot.bar_plot.getViewBox().sceneBoundingRect()
+    assert bars.height() >= 80, bars  # was about 40 px under a legend
+    legend = plot.legend.sceneBoundingRect()
+    assert legend.height() > 0 and not legend.intersects(bars)
+    assert plot.legend.columnCount >= 4  # one compact row
+    names = [label.text for _, label in plot.legend.items]
+    assert names[:4] == ["compute", "predicted", "transfer at link peak", "overlapped by prefetch"]
+    assert {"from cpu", "from disk"} <= set(names)
+
+
+def test_heatmap_has_a_colour_scale_in_ms_and_hover_text(transfer_plot: TransferPlot) -> None:
+    for k in range(3):
+        transfer_plot.add_forward(_forward(1.0 + k))
+    transfer_plot.refresh()
+    top = float(transfer_plot.heatmap().max())
+    assert top == pytest.approx(36.0)  # (10 + 2) ms * 3
+    assert transfer_plot.heat_colorbar.levels() == pytest.approx((0.0, top))
+    assert tuple(transfer_plot.heat_image.getLevels()) == pytest.approx((0.0, top))
+    assert transfer_plot.heat_colorbar.getAxis("left").labelText == "ms"
+    text = transfer_plot.heat_hover_text_at(2.5, 2.5)  # step 2, layer 2
+    assert text == "forward step 2\nlayer 2: model.layers.1\n36.00 ms (transfer + compute)"
+    assert transfer_plot.heat_hover_text_at(3.5, 0.5) == ""  # no fourth step yet
+    assert transfer_plot.heat_hover_text_at(0.5, 3.5) == ""  # no fourth layer
+
+
+def test_transfer_hover_shows_small_transfers_in_kib_with_a_real_rate(transfer_plot) -> None:
+    transfer_plot.add_forward([LayerTiming("model.norm", 0.00014, 0.00001, 512, "disk")])
+    text = transfer_plot.hover_text_at(0.0, 0.1)
+    assert "0.14 ms from disk, 512 B at 3.66 MB/s" in text, text
+    assert "0.0 MiB" not in text and "0.00 GB/s" not in text
 
 
 def test_transfer_plot_csv_png_and_reset(tmp_path, transfer_plot: TransferPlot) -> None:
@@ -460,6 +540,23 @@ def test_plot_controls_call_the_plot(qtbot) -> None:
     controls.pause_button.click()
     controls.reset_button.click()
     assert calls == [True, False, "reset"]
+
+
+def test_plot_controls_explain_themselves(qtbot) -> None:
+    plot = MemoryPlot()
+    qtbot.addWidget(plot)
+    controls = plot.controls
+    tips = {
+        button.text(): button.toolTip()
+        for button in (
+            controls.pause_button,
+            controls.reset_button,
+            controls.csv_button,
+            controls.png_button,
+        )
+    }
+    assert all(len(tip) > 20 for tip in tips.values()), tips
+    assert "CSV" in tips["Export CSV…"] and "PNG" in tips["Export PNG…"]
 
 
 def test_group_layer_timings_counts_nested_compute_once_and_drops_containers() -> None:

@@ -60,6 +60,7 @@ class ScriptedHost:
 
     def infer(self, prompt, **kwargs) -> int:
         self.requests.append(("infer", prompt))
+        self.infer_options = kwargs
         return len(self.requests)
 
     def unload(self) -> None:
@@ -288,3 +289,36 @@ def test_toolbar_cancel_during_a_run_stops_the_run(window, qtbot) -> None:
     assert panels.bridge.host.requests[-1] == ("cancel",)
     assert panels.inference_panel.status_label.text() == "stopping…"
     assert panels.controller.loaded  # a cancelled run leaves the model loaded
+
+
+def test_the_log_tab_tells_load_start_end_cancel_and_unload(window, qtbot) -> None:
+    panels = window.runtime_panels
+    log = window.log_view
+    request_id = _loaded(window, qtbot)
+    text = log.toPlainText()
+    assert f"load #{request_id} started: tiny-lm along a map of 1 entries on cpu" in text
+    assert f"load #{request_id} finished: TinyLM in 0.5 s, 2.78 KiB (2,848 bytes)" in text
+    panels.unload_action.trigger()
+    assert "unload requested" in log.toPlainText()
+    panels.load_action.trigger()
+    second = panels.controller.request_id
+    panels.cancel_action.trigger()
+    assert f"load #{second}: cancel requested" in log.toPlainText()
+    with qtbot.waitSignal(panels.controller.load_failed, timeout=5000):
+        panels.bridge.host.play(Failed(second, "load cancelled", kind="cancelled", job="load"))
+    assert f"load #{second} cancelled after" in log.toPlainText()
+    panels.load_action.trigger()
+    with qtbot.waitSignal(panels.controller.load_failed, timeout=5000):
+        panels.bridge.host.play(
+            Failed(panels.controller.request_id, "shard.safetensors: truncated", kind="bad_input")
+        )
+    assert "The model could not be loaded: shard.safetensors: truncated" in log.toPlainText()
+
+
+def test_inference_predicts_for_the_selected_hardware_profile(window, qtbot) -> None:
+    panels = window.runtime_panels
+    _loaded(window, qtbot)
+    panels.inference_panel.run_button.click()
+    assert panels.bridge.host.requests[-1][0] == "infer"
+    profile = window.hardware_profile()
+    assert panels.bridge.host.infer_options["profile"] == profile.to_dict()

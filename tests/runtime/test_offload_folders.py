@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from workbench.big_modeling.errors import OffloadError
 from workbench.runtime.offload_folders import (
     new_offload_folder,
     owner_pid,
@@ -41,5 +44,33 @@ def test_a_starting_host_sweeps_what_a_dead_host_left(tmp_path: Path, events: ob
     try:
         host.start()
         assert not left.exists()
+    finally:
+        host.shutdown(timeout_s=60)
+
+
+def test_an_unusable_offload_root_says_which_folder_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("WORKBENCH_OFFLOAD_DIR", str(blocker / "sub"))
+    with pytest.raises(OffloadError) as caught:
+        new_offload_folder(None)
+    message = str(caught.value)
+    assert str(blocker / "sub") in message and "$WORKBENCH_OFFLOAD_DIR" in message
+    assert "Not a directory" in message and "writable folder" in message
+    assert "[Errno" not in message  # a sentence, not a bare OS error
+
+
+def test_a_host_whose_offload_root_is_unusable_starts_no_worker(
+    tmp_path: Path, events: object
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    host = WorkerHost(events, offload_root=blocker / "sub", preload_imports=False)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(OffloadError, match="cannot create the offload folder under"):
+            host.load(tmp_path / "model", {"": "cpu"})
+        assert host.pid is None and host.state == "stopped" and host.offload_folder is None
     finally:
         host.shutdown(timeout_s=60)

@@ -50,6 +50,7 @@ from workbench.runtime.protocol import (
 )
 
 logger = logging.getLogger(__name__)
+worker_logger = logging.getLogger("workbench.worker")  # the worker's records, as the host sees them
 
 
 HostFactory = Callable[..., Any]
@@ -67,6 +68,12 @@ class WorkerBridge(QObject):
         worker_nice: niceness added to each worker process (POSIX), so that on a busy machine
             the GUI thread wins the CPU over a load: the window stays responsive and the
             worker loses almost nothing (the GUI needs little CPU). 0 leaves it alone.
+
+    The worker's log records (``Log`` events: its ``workbench`` loggers and warnings) are logged
+    again here on the ``workbench.worker`` logger at their level, so the Log tab shows them.
+
+    Attributes:
+        profile_provider: returns the hardware profile that inference predictions use.
 
     Signals (each carries the ``workbench.runtime.protocol`` event):
         progress, phase, log, telemetry, transfers, token, result, failed, exited: one per
@@ -113,6 +120,7 @@ class WorkerBridge(QObject):
         self.worker_nice = worker_nice
         self._niced_pid: int | None = None
         self.events_received = 0
+        self.profile_provider: Callable[[], Any] | None = None
         if host_factory is None:
             from workbench.runtime.worker import WorkerHost
 
@@ -157,7 +165,16 @@ class WorkerBridge(QObject):
         return request_id
 
     def infer(self, prompt: str | None = None, **kwargs: Any) -> int:
-        """Ask for an inference test (see ``WorkerHost.infer``); return the request id."""
+        """Ask for an inference test (see ``WorkerHost.infer``); return the request id.
+
+        Without a ``profile`` argument the prediction uses ``profile_provider()`` (the window's
+        selected hardware profile, sent as its ``to_dict()`` data), so every panel predicts for
+        the same hardware; with no provider the worker uses the detected hardware.
+        """
+        if "profile" not in kwargs and self.profile_provider is not None:
+            profile = self.profile_provider()
+            if profile is not None:
+                kwargs["profile"] = profile.to_dict() if hasattr(profile, "to_dict") else profile
         return int(self.host.infer(prompt, **kwargs))
 
     def verify(self, prompt: str | None = None, **kwargs: Any) -> int:
@@ -247,7 +264,9 @@ class WorkerBridge(QObject):
                 self._progress_timer.start(max(1, int(wait_s * 1000)))
             return
         self._flush_progress()
-        if isinstance(event, StateChanged):
+        if isinstance(event, Log):
+            worker_logger.log(event.level, "%s", event.message)
+        elif isinstance(event, StateChanged):
             self._lower_worker_priority()  # a restarted worker (unload) is a new process
             self.state_changed.emit(event.state)
         signal = self._signals.get(type(event))

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.big_modeling.errors import OffloadError
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.formatting import format_nbytes
 from workbench.runtime.protocol import Failed, LoadSummary, Phase, Progress, Result, WorkerExited
@@ -189,6 +190,7 @@ class LoadController(QObject):
         self.stale = False
         self._pending_map: dict[str, int | str] | None = None
         self._cancel_clicked_s: float | None = None
+        self._started_s: float | None = None
         self.progress_widget.cancel_button.clicked.connect(self.cancel)
         self.progress_widget.reload_button.clicked.connect(self.load)
         bridge.progress.connect(self._on_bridge_progress)
@@ -228,12 +230,24 @@ class LoadController(QObject):
             request_id = self.bridge.load(
                 source, device_map, dtype=self.session.dtype, options=self.load_options
             )
+        except OffloadError as exc:  # the load cannot run at all: a failed load, not a glitch
+            self._fail_before_start(exc)
+            return None
         except Exception as exc:  # a state error or a worker that cannot start
             logger.warning("load could not start: %s", exc)
             self._report_error("Cannot load", str(exc), _details(exc))
             return None
         self._pending_map = device_map
         self.request_id = request_id
+        self._started_s = time.monotonic()
+        devices = sorted({str(device) for device in device_map.values()})
+        logger.info(
+            "load #%d started: %s along a map of %d entries on %s",
+            request_id,
+            source,
+            len(device_map),
+            ", ".join(devices),
+        )
         self.progress_widget.reset()
         self.progress_widget.show_message(f"starting load of {_short(str(source))}")
         self.progress_widget.set_busy(True)
@@ -247,6 +261,7 @@ class LoadController(QObject):
         if not self.busy:
             return False
         self._cancel_clicked_s = time.monotonic()
+        logger.info("load #%d: cancel requested", self.request_id)
         self.progress_widget.cancel_button.setEnabled(False)
         self.progress_widget.show_message("cancelling…")
         return self.bridge.cancel()
@@ -261,6 +276,7 @@ class LoadController(QObject):
             self._report_error("Cannot unload", str(exc), _details(exc))
             return
         self._set_loaded(None)
+        logger.info("unload requested: the worker restarts empty")
         self.progress_widget.show_message("unloading…")
 
     def close(self) -> None:
@@ -280,6 +296,7 @@ class LoadController(QObject):
         if event.request_id != self.request_id or event.job != "load":
             return
         summary = event.value
+        logger.info("load #%d finished: %s", event.request_id, _describe_summary(summary))
         self._finish()
         self.last_summary = summary if isinstance(summary, LoadSummary) else None
         self.loaded_source = str(self.session.source)
@@ -296,8 +313,10 @@ class LoadController(QObject):
             return
         if event.request_id != self.request_id:
             return
+        elapsed = self._elapsed_s()
         self._finish()
         if event.kind == "cancelled":
+            logger.info("load #%d cancelled after %.1f s", event.request_id, elapsed)
             self.progress_widget.show_message("load cancelled")
         else:
             self.progress_widget.show_message("load failed")
@@ -335,8 +354,24 @@ class LoadController(QObject):
         self._set_stale(bool(stale))
 
     # -- helpers -------------------------------------------------------------------------
+    def _fail_before_start(self, exc: OffloadError) -> None:
+        """Report a load that could not start (no offload folder) like one the worker failed."""
+        self.progress_widget.reset()
+        self.progress_widget.show_message("load failed")
+        failure = Failed(None, str(exc), details=_details(exc), kind="bad_input", job="load")
+        self._report_error(
+            "The offload folder cannot be created",
+            f"{exc}\n\nThe device map is unchanged.",
+            failure.details,
+        )
+        self.load_failed.emit(failure)
+
+    def _elapsed_s(self) -> float:
+        return 0.0 if self._started_s is None else time.monotonic() - self._started_s
+
     def _finish(self) -> None:
         self.request_id = None
+        self._started_s = None
         self._cancel_clicked_s = None
         self.progress_widget.set_busy(False)
         self.busy_changed.emit(False)
@@ -357,7 +392,7 @@ class LoadController(QObject):
         self.stale_changed.emit(stale)
 
     def _report_error(self, title: str, message: str, details: str) -> None:
-        logger.warning("%s: %s", title, message)
+        logger.warning("%s: %s", title, message.replace("\n\n", " "))
         self.errors.append((title, message, details))
         self.error_presenter(title, message, details)
 
@@ -387,6 +422,18 @@ def _with_hint(event: Failed) -> str:
     }
     hint = hints.get(event.kind, "The device map is unchanged; you can load again.")
     return f"{event.message}\n\n{hint}"
+
+
+def _describe_summary(summary: object) -> str:
+    if not isinstance(summary, LoadSummary):
+        return "no summary"
+    placed = ", ".join(
+        f"{device} {format_nbytes(nbytes)}" for device, nbytes in summary.nbytes_by_device.items()
+    )
+    return (
+        f"{summary.model_class} in {summary.load_s:.1f} s, {format_nbytes(summary.bytes_total)} "
+        f"({summary.bytes_total:,} bytes)" + (f" on {placed}" if placed else "")
+    )
 
 
 def _details(exc: BaseException) -> str:

@@ -63,6 +63,9 @@ class RuntimePanels(QObject):
         self.cancel_action.setToolTip("Cancel the running load or inference run")
         self.unload_action = QAction("Unload", window)
         self.unload_action.setToolTip("Drop the loaded model and free the worker's memory")
+        # inference predictions use the toolbar's profile, like the Transfers plot and the
+        # status line, so every "predicted" figure in the window is for the same hardware
+        self.bridge.profile_provider = lambda: _window_profile(window)
         self.units: list[str] = []  # layer units of the loaded model, in display order
         self._closed = False
         self._wire()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -97,16 +97,41 @@ class ComputeTimer:
 
 
 def timed_module_names(loaded: Any) -> list[str]:
-    """The modules whose compute is timed: the blocks (no-split classes), else the map's units."""
+    """The modules whose compute is timed: the same units the engine hooks on a split map.
+
+    Those are the blocks (no-split classes) and, beside them, every module that sits next to
+    the path down to the blocks (``model.embed_tokens``, ``model.norm``, ``lm_head``), so a
+    whole-model map shows the same rows as a cpu + disk one. Without blocks: the map's units,
+    else the root's children.
+    """
     block_classes = set(getattr(loaded.opened, "no_split_modules", None) or [])
-    names = [
-        name
-        for name, module in loaded.model.named_modules()
-        if type(module).__name__ in block_classes
-    ]
-    if names:
-        return names
-    return [name for name in loaded.device_map if name]
+    modules = list(loaded.model.named_modules())
+    blocks = [name for name, module in modules if name and type(module).__name__ in block_classes]
+    if not blocks:
+        units = [name for name in loaded.device_map if name]
+        return units or [name for name, _ in loaded.model.named_children()]
+    above = {""}  # the root and every container on the way down to a block
+    for name in blocks:
+        while name:
+            name = name.rpartition(".")[0]
+            above.add(name)
+    block_set = set(blocks)
+    names = []
+    for name, _ in modules:
+        if not name or name in above:
+            continue
+        parent = name.rpartition(".")[0]
+        if name in block_set or (parent in above and not _inside(name, block_set)):
+            names.append(name)
+    return names
+
+
+def _inside(name: str, blocks: set[str]) -> bool:
+    while name:
+        name = name.rpartition(".")[0]
+        if name in blocks:
+            return True
+    return False
 
 
 @contextmanager
@@ -229,17 +254,32 @@ def next_piece(decoded: str, streamed: str) -> tuple[str, str]:
     return ready[len(streamed) :], ready
 
 
-def predict_figures(loaded: Any, profile_name: str | None, prompt_tokens: int) -> dict[str, float]:
-    """The speed model's tokens/s and TTFT for this plan ({} when it cannot predict)."""
+def predict_figures(
+    loaded: Any, profile: str | Mapping[str, Any] | None, prompt_tokens: int
+) -> dict[str, float]:
+    """The speed model's tokens/s and TTFT for this plan ({} when it cannot predict).
+
+    Args:
+        loaded: the loaded model (``opened`` and ``device_map``).
+        profile: a profile name, a profile's ``to_dict()`` data, or ``None`` (detected).
+        prompt_tokens: the prompt length the TTFT is for; returned as ``"prompt_tokens"``.
+    """
     try:
-        from workbench.models.hardware import detect_hardware, load_profile
+        from workbench.models.hardware import detect_hardware, load_profile, profile_from_dict
         from workbench.models.speed import predict_speed
 
-        profile = load_profile(profile_name) if profile_name else detect_hardware()
+        if isinstance(profile, Mapping):
+            hardware = profile_from_dict(dict(profile))
+        else:
+            hardware = load_profile(profile) if profile else detect_hardware()
         prediction = predict_speed(
-            loaded.opened, loaded.device_map, profile, prompt_tokens=prompt_tokens
+            loaded.opened, loaded.device_map, hardware, prompt_tokens=prompt_tokens
         )
     except Exception as exc:  # the prediction is informative; never fail the test over it
         logger.info("no speed prediction for this plan: %s", exc)
         return {}
-    return {"tokens_per_s": float(prediction.tokens_per_s), "ttft_s": float(prediction.ttft_s)}
+    return {
+        "tokens_per_s": float(prediction.tokens_per_s),
+        "ttft_s": float(prediction.ttft_s),
+        "prompt_tokens": float(prompt_tokens),
+    }

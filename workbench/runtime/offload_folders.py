@@ -21,6 +21,8 @@ from pathlib import Path
 
 import psutil
 
+from workbench.big_modeling.errors import OffloadError
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "workbench-offload-"
@@ -40,11 +42,36 @@ def offload_root(root: str | os.PathLike[str] | None) -> Path:
 
 
 def new_offload_folder(root: str | os.PathLike[str] | None, pid: int | None = None) -> Path:
-    """Create an empty offload folder owned by ``pid`` (this process by default)."""
+    """Create an empty offload folder owned by ``pid`` (this process by default).
+
+    Raises:
+        OffloadError: when the folder cannot be created; the message names the folder, the
+            reason and how to choose another root (``$WORKBENCH_OFFLOAD_DIR``).
+    """
     base = offload_root(root)
-    base.mkdir(parents=True, exist_ok=True)
     owner = os.getpid() if pid is None else pid
-    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{owner}-", dir=base))
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{owner}-", dir=base))
+    except OSError as exc:
+        raise OffloadError(_cannot_create_message(base, root, exc)) from exc
+
+
+def _cannot_create_message(base: Path, root: object, exc: OSError) -> str:
+    from workbench.models.hardware import OFFLOAD_DIR_ENV
+
+    reason = exc.strerror or str(exc)
+    if root is not None:
+        chosen = "the offload root given to the worker host"
+    elif os.environ.get(OFFLOAD_DIR_ENV):
+        chosen = f"${OFFLOAD_DIR_ENV}"
+    else:
+        chosen = "the system temporary folder"
+    return (
+        f"cannot create the offload folder under {base} ({chosen}): {reason}. "
+        f"Weights put on disk are written there while the model loads. Set {OFFLOAD_DIR_ENV} "
+        "to a writable folder with room for the disk part of the map, then load again."
+    )
 
 
 def owner_pid(folder: Path) -> int | None:

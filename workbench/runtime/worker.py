@@ -183,13 +183,15 @@ class WorkerHost:
         Raises:
             WorkerStateError: while another job runs (cancel it first).
             DeviceMapError: for an unknown device in ``device_map``.
+            OffloadError: when the offload folder cannot be created (the message says where and
+                how to choose another root); no worker is started for it.
         """
         clean_map = {str(k): normalize_device(v) for k, v in device_map.items()}  # type: ignore[arg-type]
         with self._lock:
             self._require_no_job("load")
-            self.start()
             self._remove_offload_folder()
-            self.offload_folder = new_offload_folder(self.offload_root)
+            self.offload_folder = new_offload_folder(self.offload_root)  # before a worker starts
+            self.start()
             self.transfers.reset()  # module names are per model: the table stays bounded
             request = Load(
                 request_id=self._new_id(),
@@ -209,9 +211,13 @@ class WorkerHost:
         *,
         max_new_tokens: int = 16,
         synthetic_tokens: int = 8,
-        profile: str | None = None,
+        profile: str | Mapping[str, Any] | None = None,
     ) -> int:
         """Run an inference test on the loaded model; return the request id.
+
+        ``profile`` is the hardware the speed prediction is for: a profile name, a profile's
+        ``to_dict()`` data (a what-if profile the worker cannot look up by name), or ``None``
+        for the detected hardware.
 
         Raises:
             WorkerStateError: when no model is loaded or a job runs.
@@ -223,7 +229,7 @@ class WorkerHost:
                 prompt=prompt,
                 max_new_tokens=int(max_new_tokens),
                 synthetic_tokens=int(synthetic_tokens),
-                profile=profile,
+                profile=dict(profile) if isinstance(profile, Mapping) else profile,  # type: ignore[arg-type]
             )
             return self._submit(request)
 

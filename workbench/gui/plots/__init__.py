@@ -241,11 +241,17 @@ class PlotControls(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         self.pause_button = QPushButton("Pause", self)
         self.pause_button.setCheckable(True)
-        self.pause_button.setToolTip("Freeze the display; data keeps being collected")
+        self.pause_button.setToolTip(
+            "Freeze the display to read it; samples keep being collected and show on Resume"
+        )
         self.reset_button = QPushButton("Reset", self)
-        self.reset_button.setToolTip("Forget all collected data")
+        self.reset_button.setToolTip("Clear this plot: forget the data collected so far")
         self.csv_button = QPushButton("Export CSV…", self)
+        self.csv_button.setToolTip(
+            "Save all collected data (not only what is on screen) as a CSV file, in time order"
+        )
         self.png_button = QPushButton("Export PNG…", self)
+        self.png_button.setToolTip("Save the plot as it is shown now as a PNG image")
         for button in (self.pause_button, self.reset_button, self.csv_button, self.png_button):
             layout.addWidget(button)
         layout.addStretch(1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,6 +47,8 @@ _LEGEND_NOTE = {"file-backed": " (part of rss, reclaimable)"}  # kinds a bare na
 _CSV_LAST = ("worker file-backed",)  # CSV columns added after the format was in use
 _MAX_MARKERS = 64
 _MARKER_LABEL_POSITIONS = (0.78, 0.36)  # along the line from the bottom: two label rows
+_BUDGET_LABEL_SPAN = (0.02, 0.72)  # where a budget label may sit along x: not under the legend
+_X_MARGIN = 0.02  # the x range starts this fraction of its span left of the first event
 _TAIL_PX = 256.0  # a tail wider than this folds into its body (a full redraw)
 _X_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)  # finer than y: little blank time on the right
 
@@ -146,6 +149,7 @@ class MemoryPlot(QWidget):
         item.addLegend(offset=(-10, 10), labelTextSize="8pt", brush=pg.mkBrush(255, 255, 255, 200))
         # ranges move in steps, not with every sample, so the cached axes are rarely redrawn
         item.disableAutoRange()
+        self._x_min = 0.0
         self._x_max = 0.0
         self._y_max = 0.0
         cache_static_parts(item)
@@ -189,13 +193,14 @@ class MemoryPlot(QWidget):
                 pen=pen,
                 label=f"{label} budget",
                 labelOpts={
-                    "position": 0.3,  # clear of the legend, top right
+                    "position": 0.3,  # moved into a gap between markers by _place_budget_labels
                     "color": device_qcolor(device),
-                    "anchors": [(1, 1), (1, 1)],
+                    "anchors": [(0.5, 1), (0.5, 1)],  # centred, just above the line
                 },
             )
             item.addItem(line, ignoreBounds=True)
             self._budget_lines[label] = line
+        self._place_budget_labels()
         self._y_max = 0.0  # the next refresh fits the new budgets
         self._dirty = True
 
@@ -222,6 +227,10 @@ class MemoryPlot(QWidget):
         if len(self._markers) > _MAX_MARKERS:
             _, _, old = self._markers.pop(0)
             self.plot_widget.getPlotItem().removeItem(old)
+        if not self._x_min <= x <= self._x_max:
+            self._body_end = None  # the x range must grow to show it: a full redraw
+        self._place_budget_labels()
+        self._dirty = True
 
     # -- data out ------------------------------------------------------------------------
     @property
@@ -267,24 +276,33 @@ class MemoryPlot(QWidget):
         return x, y
 
     def to_csv(self) -> str:
-        """Return the samples as CSV text: ``t_s`` then one column per series, in bytes.
+        """Return the samples and markers as CSV text, in time order.
 
-        Series come in the order they first appeared, except that ``"worker file-backed"``
-        (added to the format later) always comes last, so readers that count columns from the
-        left still find the ones they knew, with or without CUDA series.
+        Columns: ``t_s``, one per series in bytes, then ``marker``. A sample row leaves
+        ``marker`` empty; a marker row has only ``t_s`` and the marker's label. Series come in
+        the order they first appeared, except that ``"worker file-backed"`` (added to the
+        format later) comes after the other series, so readers that count columns from the left
+        still find the ones they knew, with or without CUDA series.
         """
         names = self._ring.names
         order = sorted(range(len(names)), key=lambda col: names[col] in _CSV_LAST)
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["t_s", *(f"{names[col]} (bytes)" for col in order)])
+        writer.writerow(["t_s", *(f"{names[col]} (bytes)" for col in order), "marker"])
         t_s, values = self._ring.view()
         values = values[:, order]
+        markers = sorted((x, label) for x, label, _ in self._markers)
+        next_marker = 0
+        blank = [""] * len(names)
         for k in range(len(t_s)):
+            while next_marker < len(markers) and markers[next_marker][0] <= t_s[k]:
+                x, label = markers[next_marker]
+                writer.writerow([f"{x:.3f}", *blank, label])
+                next_marker += 1
             cells = ["" if math.isnan(v) else str(int(v)) for v in values[k]]
-            writer.writerow([f"{t_s[k]:.3f}", *cells])
-        for x, label, _ in self._markers:
-            writer.writerow([f"{x:.3f}", *([""] * len(self._ring.names)), f"marker: {label}"])
+            writer.writerow([f"{t_s[k]:.3f}", *cells, ""])
+        for x, label in markers[next_marker:]:
+            writer.writerow([f"{x:.3f}", *blank, label])
         return buffer.getvalue()
 
     def export_csv(self, path: str | Path) -> Path:
@@ -315,7 +333,7 @@ class MemoryPlot(QWidget):
         """Forget every sample and marker (budgets stay)."""
         self._ring.clear()
         self._t0_s = None
-        self._x_max = self._y_max = 0.0
+        self._x_min = self._x_max = self._y_max = 0.0
         item = self.plot_widget.getPlotItem()
         for _, _, line in self._markers:
             item.removeItem(line)
@@ -331,6 +349,9 @@ class MemoryPlot(QWidget):
         in them and the ranges hold, else every body (a full redraw)."""
         t_s, values = self._ring.view()
         if not len(t_s):
+            if self._markers:  # events before the first sample: show them already
+                xs = [x for x, _, _ in self._markers]
+                self._step_ranges(min(xs), max(xs), values)
             self._dirty = False
             return
         if not self._extend_tails(t_s, values):
@@ -387,8 +408,12 @@ class MemoryPlot(QWidget):
     def _step_ranges(self, first_s: float, last_s: float, values: np.ndarray) -> float:
         """Grow the x range by doubling (then slide by a quarter window) and the y range in
         1-2-2.5-5 steps, so ranges change a few times per run instead of on every sample.
-        The y range covers the data and every budget line. Returns the left end of x."""
+        The x range covers the markers too (a load's start comes before its first sample) and
+        the y range covers the data and every budget line. Returns the left end of x."""
         window_s = self._ring.capacity / 20
+        if self._markers:
+            xs = [x for x, _, _ in self._markers]
+            first_s, last_s = min(first_s, *xs), max(last_s, *xs)
         if last_s > self._x_max or last_s < self._x_max - window_s:
             span = max(10.0, last_s - first_s)
             self._x_max = (
@@ -396,7 +421,9 @@ class MemoryPlot(QWidget):
                 if span < window_s * 0.75
                 else last_s + window_s / 4
             )
-        x_min = max(first_s, self._x_max - window_s)
+        margin = (self._x_max - first_s) * _X_MARGIN  # a marker at the start is not on the axis
+        x_min = max(first_s - margin, self._x_max - window_s)
+        self._x_min = x_min
         shown = [col for col, name in enumerate(self._ring.names) if self._shown(name)]
         first = max(0, int(np.searchsorted(self._ring.view()[0], x_min)) - 1)
         visible = values[first:, shown]
@@ -406,7 +433,33 @@ class MemoryPlot(QWidget):
             self._y_max = nice_ceiling(peak_gib * 1.1)
         view_box = self.plot_widget.getPlotItem().getViewBox()
         view_box.setRange(xRange=(x_min, self._x_max), yRange=(0.0, self._y_max), padding=0)
+        self._place_budget_labels()
         return x_min
+
+    def _place_budget_labels(self) -> None:
+        """Put each budget's label in the widest gap between marker lines, left of the legend,
+        so marker labels (rotated, on their lines) never run over it."""
+        if not self._budget_lines:
+            return
+        left, right = _BUDGET_LABEL_SPAN
+        width = self._x_max - self._x_min
+        cuts = [left]
+        if width > 0:
+            cuts += sorted(
+                fraction
+                for x, _, _ in self._markers
+                if left < (fraction := (x - self._x_min) / width) < right
+            )
+        cuts.append(right)
+        gap_start, gap_end = max(itertools.pairwise(cuts), key=lambda gap: gap[1] - gap[0])
+        position = (gap_start + gap_end) / 2
+        for line in self._budget_lines.values():
+            line.label.setPosition(position)
+
+    @property
+    def budget_label_positions(self) -> dict[str, float]:
+        """Where each budget's label sits along x, as a fraction of the view (0 = left)."""
+        return {name: line.label.orthoPos for name, line in self._budget_lines.items()}
 
     def _shown(self, name: str) -> bool:
         curve = self._curves.get(name)

@@ -1,12 +1,14 @@
 """Per-layer transfer latency: bars for the last forward, a heatmap over the run, bandwidth.
 
-Top left: one bar per hooked layer, transfer time (coloured by the tier the weights came from)
+Left: one bar per hooked layer, transfer time (coloured by the tier the weights came from)
 stacked under compute time (grey), with the speed model's prediction as a dashed step line and,
 per layer, the transfer time at the link's peak bandwidth (bytes / peak GB/s, dotted). A
 transfer that took less than that cannot have been a plain copy: prefetch overlapped it with
 earlier compute, and a marker above the bar says so.
-Bottom left: achieved GB/s per layer against the link's peak from the hardware profile.
-Right: heatmap of time per layer (rows) and forward step (columns).
+Middle: achieved GB/s per layer against the link's peak from the hardware profile.
+Right: heatmap of time per layer (rows) and forward step (columns), with a colour scale in ms.
+The three sit side by side under one compact legend row, so each gets the whole height of a
+low dock; hovering a bar or a heatmap cell tells its figures.
 
 Layers are looked up by name in a dict and the heatmap is preallocated (its layer capacity
 doubles when unknown modules appear; its steps are a ring), so a forward costs O(layers) and
@@ -25,9 +27,10 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, QTimer
 from PySide6.QtGui import QCursor
-from PySide6.QtWidgets import QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QToolTip, QVBoxLayout, QWidget
 
 from workbench.big_modeling.atomic import atomic_write_text
+from workbench.gui.formatting import format_bandwidth, format_nbytes
 from workbench.gui.plots import (
     LayerTiming,
     PlotControls,
@@ -40,6 +43,9 @@ _COMPUTE_COLOR = "#b0b0b0"
 _PEAK_COLOR = "#6a3d9a"
 _BAR_WIDTH = 0.8
 _OVERLAP_MARGIN = 0.9  # a transfer under 90% of its time at peak counts as overlapped
+MIN_PLOT_HEIGHT = 150  # px of plots below the buttons: the bars stay readable in a low dock
+_LEGEND_ROW_PX = 22
+_TITLE_PX = 18
 
 
 def _tier(source: str) -> str:
@@ -75,12 +81,19 @@ class TransferPlot(QWidget):
 
         self.graphics = pg.GraphicsLayoutWidget(self)
         self.graphics.setBackground("w")
-        self.bar_plot = self.graphics.addPlot(row=0, col=0, title="Last forward: time per layer")
+        self.graphics.setMinimumHeight(MIN_PLOT_HEIGHT)
+        # one legend row above the plots, outside them, so it never covers a bar
+        self.legend = pg.LegendItem(
+            labelTextSize="8pt", colCount=6, horSpacing=12, brush=pg.mkBrush(255, 255, 255, 0)
+        )
+        self.legend.setParentItem(None)
+        self.legend.layout.setContentsMargins(2, 0, 2, 0)
+        self.legend.setMaximumHeight(_LEGEND_ROW_PX)
+        self.graphics.addItem(self.legend, row=0, col=0, colspan=2)
+        self.bar_plot = self.graphics.addPlot(row=1, col=0)
+        _compact_title(self.bar_plot, "Last forward: time per layer (x: layer index)")
         self.bar_plot.setLabel("left", "time (ms)")
         self.bar_plot.showGrid(y=True, alpha=0.25)
-        self.bar_plot.addLegend(
-            offset=(10, 5), labelTextSize="8pt", colCount=2, brush=pg.mkBrush(255, 255, 255, 210)
-        )
         self.compute_bars = pg.BarGraphItem(
             x=[], height=[], width=_BAR_WIDTH, brush=_COMPUTE_COLOR, name="compute"
         )
@@ -108,28 +121,46 @@ class TransferPlot(QWidget):
             name="overlapped by prefetch",
         )
         self.bar_plot.addItem(self.overlap_points)
-        self.bw_plot = self.graphics.addPlot(row=1, col=0, title="Achieved bandwidth vs link peak")
+        for sample in (
+            self.compute_bars,
+            self.predicted_curve,
+            self.at_peak_curve,
+            self.overlap_points,
+        ):
+            self.legend.addItem(sample, sample.name())
+        self.bw_plot = self.graphics.addPlot(row=1, col=1)
+        _compact_title(self.bw_plot, "Achieved bandwidth vs link peak")
         self.bw_plot.setLabel("left", "GB/s")
         self.bw_plot.setLabel("bottom", "layer index")
         self.bw_plot.showGrid(y=True, alpha=0.25)
         self.bw_plot.setXLink(self.bar_plot)
         self.bw_points = pg.ScatterPlotItem(size=7, pen=None)
         self.bw_plot.addItem(self.bw_points)
-        self.heat_plot = self.graphics.addPlot(
-            row=0, col=1, rowspan=2, title="Time per layer (ms) by forward step"
-        )
+        self.heat_plot = self.graphics.addPlot(row=0, col=2, rowspan=2)
+        _compact_title(self.heat_plot, "Time per layer by forward step")
         self.heat_plot.setLabel("bottom", "forward step")
         self.heat_plot.setLabel("left", "layer index")
         self.heat_image = pg.ImageItem(axisOrder="col-major")
         self.heat_image.setColorMap(pg.colormap.get("viridis"))
         self.heat_plot.addItem(self.heat_image)
-        self.graphics.ci.layout.setColumnStretchFactor(0, 3)
-        self.graphics.ci.layout.setColumnStretchFactor(1, 2)
-        self.graphics.ci.layout.setRowStretchFactor(0, 3)
-        self.graphics.ci.layout.setRowStretchFactor(1, 2)
-        self.bar_plot.scene().sigMouseMoved.connect(self._on_scene_mouse_moved)
+        self.heat_colorbar = pg.ColorBarItem(
+            values=(0.0, 1.0),
+            width=12,
+            colorMap=pg.colormap.get("viridis"),
+            label="ms",
+            interactive=False,
+            colorMapMenu=False,
+        )
+        self.heat_colorbar.setImageItem(self.heat_image, insert_in=self.heat_plot)
+        layout = self.graphics.ci.layout
+        for column, stretch in enumerate((3, 2, 3)):
+            layout.setColumnStretchFactor(column, stretch)
+        layout.setRowFixedHeight(0, _LEGEND_ROW_PX)
+        layout.setRowStretchFactor(1, 1)
+        self.graphics.scene().sigMouseMoved.connect(self._on_scene_mouse_moved)
         for plot in (self.bar_plot, self.bw_plot, self.heat_plot):
             cache_static_parts(plot)
+        self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
 
         self.controls = PlotControls(self, self)
         layout = QVBoxLayout(self)
@@ -254,23 +285,40 @@ class TransferPlot(QWidget):
             or not 0 <= y <= max((timing.transfer_s + timing.compute_s) * 1e3, 1e-9) * 1.05
         ):
             return ""
-        lines = [
-            f"{index}: {module}",
-            f"transfer {timing.transfer_s * 1e3:.2f} ms from {_tier(timing.source)}, "
-            f"{timing.nbytes / 2**20:.1f} MiB, {timing.gbps:.2f} GB/s",
-            f"compute {timing.compute_s * 1e3:.2f} ms",
-        ]
+        lines = [f"{index}: {module}"]
+        if timing.nbytes:
+            rate = timing.nbytes / timing.transfer_s if timing.transfer_s > 0 else float("nan")
+            lines.append(
+                f"transfer {_ms(timing.transfer_s)} from {_tier(timing.source)}, "
+                f"{format_nbytes(timing.nbytes)} at {format_bandwidth(rate)}"
+            )
+        else:
+            lines.append("no transfer: the weights stay where they run")
+        lines.append(f"compute {_ms(timing.compute_s)}")
         if module in self._predicted_s:
-            lines.append(f"predicted {self._predicted_s[module] * 1e3:.2f} ms")
+            lines.append(f"predicted {_ms(self._predicted_s[module])}")
         at_peak = self.at_peak_s(timing)
         if at_peak is not None:
             peak = self._peaks_gbps[_tier(timing.source)]
             lines.append(
-                f"at the {_tier(timing.source)} link peak ({peak:.1f} GB/s): {at_peak * 1e3:.2f} ms"
+                f"at the {_tier(timing.source)} link peak ({peak:.1f} GB/s): {_ms(at_peak)}"
             )
             if self.overlapped(timing):
                 lines.append("faster than the link: overlapped by prefetch")
         return "\n".join(lines)
+
+    def heat_hover_text_at(self, x: float, y: float) -> str:
+        """Describe the heatmap cell at view coordinates ``(x, y)``: step, layer, ms; "" if none."""
+        steps = len(self._history)
+        column, row = int(np.floor(x)), int(np.floor(y))
+        if not (0 <= column < steps and 0 <= row < len(self._layers)):
+            return ""
+        ms = float(self.heatmap()[column, row])
+        first_step = self._forwards_seen - steps  # older steps left the ring
+        return (
+            f"forward step {first_step + column}\nlayer {row}: {self._layers[row]}\n"
+            f"{_ms(ms / 1e3)} (transfer + compute)"
+        )
 
     def to_csv(self) -> str:
         """Return every recorded forward as CSV: one row per (step, layer)."""
@@ -403,6 +451,7 @@ class TransferPlot(QWidget):
                     name=f"from {tier}",
                 )
                 self.bar_plot.addItem(bars)
+                self.legend.addItem(bars, f"from {tier}")
                 self._tier_bars[tier] = bars
             bars.setOpts(x=x[mask] if len(x) else [], height=transfer_ms[mask] if len(x) else [])
         self.compute_bars.setOpts(x=x, y0=transfer_ms, height=compute_ms)
@@ -433,12 +482,12 @@ class TransferPlot(QWidget):
         self.overlap_points.setData(x=overlap_x, y=overlap_y)
 
     def _fit_bar_y(self) -> None:
-        """Fit y to the tallest bar or line, with the top third left to the legend."""
+        """Fit y to the tallest bar or line, with a little room above it."""
         last = self._history[-1] if self._history else []
         tops = [(t.transfer_s + t.compute_s) * 1e3 for t in last]
         tops += [(self.at_peak_s(t) or 0.0) * 1e3 for t in last]
         tops += [v * 1e3 for v in self._predicted_s.values()]
-        self.bar_plot.setYRange(0.0, max([*tops, 1e-3]) * 1.5, padding=0)
+        self.bar_plot.setYRange(0.0, max([*tops, 1e-3]) * 1.1, padding=0)
 
     def _redraw_prediction(self) -> None:
         if self._predicted_s:
@@ -454,15 +503,37 @@ class TransferPlot(QWidget):
             self.heat_image.clear()
             return
         data = self.heatmap()
-        self.heat_image.setImage(data, autoLevels=False, levels=(0.0, max(float(data.max()), 1e-6)))
+        levels = (0.0, max(float(data.max()), 1e-6))
+        self.heat_image.setImage(data, autoLevels=False, levels=levels)
+        self.heat_colorbar.setLevels(levels)  # the bar sets the image's levels too
 
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
-        view_box = self.bar_plot.getViewBox()
-        if not view_box.sceneBoundingRect().contains(scene_pos):
-            return
-        point = view_box.mapSceneToView(scene_pos)
-        text = self.hover_text_at(point.x(), point.y())
+        text = ""
+        for plot, describe in (
+            (self.bar_plot, self.hover_text_at),
+            (self.heat_plot, self.heat_hover_text_at),
+        ):
+            view_box = plot.getViewBox()
+            if view_box.sceneBoundingRect().contains(scene_pos):
+                point = view_box.mapSceneToView(scene_pos)
+                text = describe(point.x(), point.y())
+                break
         if text:
             QToolTip.showText(QCursor.pos(), text, self.graphics)
         else:
             QToolTip.hideText()
+
+
+def _compact_title(plot: pg.PlotItem, text: str) -> None:
+    """A small one-line title: pyqtgraph's default takes 30 px a low dock cannot spare."""
+    plot.setTitle(text, size="9pt")
+    plot.titleLabel.setMaximumHeight(_TITLE_PX)
+    plot.layout.setRowFixedHeight(0, _TITLE_PX)
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds: ``"0.14 ms"``, ``"12.50 ms"``, ``"1,250 ms"``; tiny ones keep a digit."""
+    ms = seconds * 1e3
+    if abs(ms) >= 100:
+        return f"{ms:,.0f} ms"
+    return f"{ms:.2f} ms" if abs(ms) >= 0.01 or ms == 0 else f"{ms:.1g} ms"

@@ -1,0 +1,66 @@
+"""Which modules an inference run times, and which hardware its prediction is for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from workbench.models import open_model
+from workbench.models.hardware import list_profiles
+from workbench.models.speed import predict_speed
+from workbench.runtime.inference import predict_figures, timed_module_names
+from workbench.runtime.protocol import InferenceResult, Result
+from workbench.runtime.worker import WorkerHost
+
+
+@pytest.fixture(scope="module")
+def opened(demo_dir: Path) -> Any:
+    return open_model(str(demo_dir))
+
+
+@pytest.fixture(scope="module")
+def laptop() -> Any:
+    return next(p for p in list_profiles() if p.name == "cpu-laptop-16gb")
+
+
+def test_a_whole_model_map_times_the_units_the_speed_model_predicts(
+    opened: Any, laptop: Any
+) -> None:
+    loaded = SimpleNamespace(opened=opened, model=opened.model, device_map={"": "cpu"})
+    names = timed_module_names(loaded)
+    predicted = [layer.name for layer in predict_speed(opened, {"": "cpu"}, laptop).per_layer]
+    assert names == predicted
+    assert {"model.embed_tokens", "model.norm", "lm_head"} <= set(names)
+
+
+def test_a_profile_sent_as_data_predicts_for_that_profile(opened: Any, laptop: Any) -> None:
+    loaded = SimpleNamespace(opened=opened, model=opened.model, device_map={"": "cpu"})
+    expected = predict_speed(opened, {"": "cpu"}, laptop, prompt_tokens=9)
+    figures = predict_figures(loaded, laptop.to_dict(), 9)
+    assert figures == {
+        "tokens_per_s": expected.tokens_per_s,
+        "ttft_s": expected.ttft_s,
+        "prompt_tokens": 9.0,
+    }
+    assert predict_figures(loaded, laptop.name, 9) == figures  # by name: the same hardware
+    assert predict_figures(loaded, {"name": "broken"}, 9) == {}  # a bad profile: no figures
+
+
+@pytest.mark.slow
+def test_the_worker_reports_every_unit_on_a_whole_model_cpu_map(
+    host: WorkerHost, events: Any, demo_dir: Path, opened: Any, laptop: Any
+) -> None:
+    assert isinstance(events.final(host.load(demo_dir, {"": "cpu"})), Result)  # as stored
+    final = events.final(host.infer(None, max_new_tokens=2, profile=laptop.to_dict()))
+    assert isinstance(final, Result), final
+    value = final.value
+    assert isinstance(value, InferenceResult)
+    rows = {row.module: row for row in value.per_layer}
+    for unit in ("model.embed_tokens", "model.layers.0", "model.norm", "lm_head"):
+        assert unit in rows and rows[unit].compute_s > 0, sorted(rows)
+    expected = predict_speed(opened, {"": "cpu"}, laptop, prompt_tokens=value.prompt_tokens)
+    assert value.predicted["ttft_s"] == pytest.approx(expected.ttft_s)
+    assert value.predicted["prompt_tokens"] == value.prompt_tokens
