@@ -127,7 +127,7 @@ def test_run_streams_tokens_then_shows_figures_and_layers(qtbot, panel) -> None:
     ]
     assert (
         panel.layer_table.item(2, 2).text() == "disk"
-        and panel.layer_table.item(2, 3).text() == "4.0"
+        and panel.layer_table.item(2, 3).text() == "4 MiB"
     )
     assert panel.layer_table.item(1, 5).text() == "3.00"
     assert panel.run_button.isEnabled()
@@ -333,8 +333,8 @@ def test_controls_and_columns_explain_themselves(panel) -> None:
         for c in range(panel.layer_table.columnCount())
     }
     assert all(tips.values()), tips
-    assert "decimal" in tips["GB/s"] and "10^9" in tips["GB/s"]
-    assert "2^20" in tips["MiB"] and "disk" in tips["from"]
+    assert "decimal" in tips["rate"] and "10^9" in tips["rate"]
+    assert "2^20" in tips["size"] and "disk" in tips["from"]
     model = panel.history.model
     map_tip = model.headerData(2, Qt.Orientation.Horizontal, Qt.ItemDataRole.ToolTipRole)
     assert "device map" in map_tip

@@ -100,6 +100,8 @@ def test_actions_that_need_a_model_wait_for_one(main_window, open_in_window, wha
         assert not actions[name].isEnabled(), name
         assert "Open a model first" in actions[name].toolTip(), name
     assert not window.move_menu.menuAction().isEnabled()
+    load = window.runtime_panels.load_action
+    assert not load.isEnabled()
     QGuiApplication.clipboard().setText("before")
     actions["copy_code"].trigger()  # a disabled action does nothing, shortcut or not
     assert QGuiApplication.clipboard().text() == "before"
@@ -109,6 +111,7 @@ def test_actions_that_need_a_model_wait_for_one(main_window, open_in_window, wha
         assert actions[name].isEnabled(), name
         assert "Open a model first" not in actions[name].toolTip(), name
     assert actions["export_map"].toolTip().startswith("Export the map")
+    assert load.isEnabled()
     actions["copy_code"].trigger()
     assert "device_map" in QGuiApplication.clipboard().text()
 

@@ -39,7 +39,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.gui.bridge import WorkerBridge
-from workbench.gui.formatting import format_rate, format_seconds
+from workbench.gui.formatting import format_bandwidth, format_nbytes, format_rate, format_seconds
 from workbench.gui.plots import group_layer_timings
 from workbench.gui.run_history import RunHistoryWidget, RunRecord
 from workbench.runtime.protocol import (
@@ -53,16 +53,17 @@ from workbench.runtime.protocol import (
 
 logger = logging.getLogger(__name__)
 
-LAYER_HEADERS = ("layer", "module", "from", "MiB", "transfer ms", "compute ms", "GB/s")
+LAYER_HEADERS = ("layer", "module", "from", "size", "transfer ms", "compute ms", "rate")
 LAYER_HEADER_TIPS = (
     "Position of the layer in the forward pass",
     "The module (one layer, its submodules folded in)",
     "Where the layer's weights came from: resident (already on the execution device), "
     "or the device they were copied from (cpu, disk)",
-    "Weight bytes copied to the execution device, in MiB (1 MiB = 2^20 bytes)",
+    "Weight bytes copied to the execution device, in binary units (1 KiB = 2^10 bytes, "
+    "1 MiB = 2^20 bytes)",
     "Time spent copying the weights to the execution device, in milliseconds",
     "Time of the layer's own computation, in milliseconds",
-    "Copy throughput in decimal gigabytes per second (1 GB/s = 10^9 bytes per second): "
+    "Copy throughput in decimal units (1 GB/s = 10^9 bytes per second, 1 MB/s = 10^6): "
     "bytes copied / transfer time",
 )
 
@@ -439,10 +440,12 @@ class InferencePanel(QWidget):
                 str(row),
                 timing.module,
                 timing.source or "resident",
-                f"{timing.nbytes / 2**20:.1f}",
+                format_nbytes(timing.nbytes) if timing.nbytes else "",
                 f"{timing.transfer_s * 1e3:.2f}",
                 f"{timing.compute_s * 1e3:.2f}",
-                f"{timing.gbps:.2f}" if timing.nbytes else "",
+                format_bandwidth(timing.nbytes / timing.transfer_s)
+                if timing.nbytes and timing.transfer_s > 0
+                else "",
             )
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)

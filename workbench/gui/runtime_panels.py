@@ -104,6 +104,8 @@ class RuntimePanels(QObject):
             self._budgets_from_session()
         elif what in ("device_map", "opened"):
             self._peaks_from_profile()
+        if what in ("opened", "restored"):
+            self._update_actions()  # Load & dispatch needs a model
 
     def _budgets_from_session(self) -> None:
         self.memory_plot.set_budgets(dict(self.window.session.budgets))
@@ -125,7 +127,8 @@ class RuntimePanels(QObject):
     def _update_actions(self, *_: object) -> None:
         busy = self.controller.busy
         running = self.inference_panel.busy
-        self.load_action.setEnabled(not busy and not running)
+        has_model = self.window.session.tree is not None
+        self.load_action.setEnabled(has_model and not busy and not running)
         self.cancel_action.setEnabled(busy or running)
         self.unload_action.setEnabled(self.controller.loaded and not busy and not running)
         self.inference_panel.set_available(self.controller.loaded and not busy)

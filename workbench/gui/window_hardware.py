@@ -12,7 +12,7 @@ from PySide6.QtCore import QCoreApplication
 
 from workbench.gui import settings as app_settings
 from workbench.gui.commands import SetBudgetsCommand, SetProfileCommand
-from workbench.gui.formatting import format_rate, format_seconds
+from workbench.gui.formatting import format_rate, format_ttft
 from workbench.gui.hardware_selector import available_profiles
 from workbench.gui.workers import TaskThread
 
@@ -112,7 +112,8 @@ class WindowHardwareMixin:
         self.speed_prediction = prediction
         self.speed_label.setText(
             f"<b>Predicted:</b> {format_rate(prediction.tokens_per_s)}, "
-            f"TTFT {format_seconds(prediction.ttft_s)} ({prediction.bottleneck}-bound, "
+            f"TTFT {format_ttft(prediction.ttft_s, prediction.prompt_tokens)} "
+            f"({prediction.bottleneck}-bound, "
             f"prefetch {'on' if prediction.prefetch else 'off'})"
         )
 

@@ -57,14 +57,15 @@ class Infer(Request):
     """Run the loaded model: greedy generation for causal LMs, one forward otherwise.
 
     ``prompt=None`` (or a model folder without a tokenizer) uses ``synthetic_tokens`` seeded
-    random token ids. ``profile`` names a hardware profile for the speed prediction stored next
-    to the measured figures (``None``: the detected hardware).
+    random token ids. ``profile`` is the hardware the speed prediction stored next to the
+    measured figures is for: a profile name, a profile's ``to_dict()`` data (a what-if profile
+    the worker cannot look up by name), or ``None`` for the detected hardware.
     """
 
     prompt: str | None = None
     max_new_tokens: int = 16
     synthetic_tokens: int = 8
-    profile: str | None = None
+    profile: str | dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
