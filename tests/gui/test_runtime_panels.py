@@ -105,7 +105,7 @@ def test_install_adds_actions_tabs_and_progress(main_window: Any) -> None:
     tabs = [main_window.bottom_tabs.tabText(i) for i in range(main_window.bottom_tabs.count())]
     assert tabs[:3] == ["Memory", "Transfers", "Inference"] and "Log" in tabs
     assert panels.progress_widget.parent() is not None
-    assert panels.load_action.isEnabled()
+    assert not panels.load_action.isEnabled()  # no model open yet
     assert not panels.cancel_action.isEnabled() and not panels.unload_action.isEnabled()
     assert panels.bridge.host.pid is None  # no worker until the first load
 
