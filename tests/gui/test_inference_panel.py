@@ -348,3 +348,15 @@ def test_the_panel_fits_a_short_dock(qtbot, panel) -> None:
     assert panel.height() == 150
     for widget in (panel.run_button, panel.stop_button, panel.prompt_edit, panel.output_edit):
         assert not widget.visibleRegion().isEmpty(), widget
+
+
+def test_long_figures_wrap_instead_of_widening_the_left_side(qtbot, panel) -> None:
+    from PySide6.QtWidgets import QSplitter
+
+    splitter = panel.findChild(QSplitter)
+    left = splitter.widget(0)
+    narrowest = left.minimumSizeHint().width()
+    panel.ttft_label.setText("97 ms (predicted 77 ms)")
+    panel.rate_label.setText("21.9 tok/s (predicted 26.1 tok/s)")
+    panel.verify_label.setText("PASS max |abs| 0 · max rel 0 (bitwise identical)")
+    assert left.minimumSizeHint().width() == narrowest  # the figures wrap

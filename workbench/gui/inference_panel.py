@@ -180,6 +180,7 @@ class InferencePanel(QWidget):
             )
         ):
             row, column = divmod(position, 2)
+            label.setWordWrap(True)  # long figures wrap instead of widening the panel
             figures.addWidget(QLabel(title, self), row, 2 * column)
             figures.addWidget(label, row, 2 * column + 1)
         figures.setColumnStretch(1, 1)
