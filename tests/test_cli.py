@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
 from pathlib import Path
 
 import pytest
+from terminal import run_on_a_terminal
 
 import workbench
 from workbench.cli import main
@@ -45,31 +42,8 @@ def test_progress_bars_are_drawn_on_a_terminal(tmp_path: Path) -> None:
         f"code = main(['make-demo', {str(folder)!r}, '--params', '500K', '--shards', '2']); "
         f"sys.exit(code or main(['inspect', {str(folder)!r}, '--depth', '0']))"
     )
-    controller, terminal = pty.openpty()
-    # a fresh pty is 0x0, and tqdm draws nothing in zero columns
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-c", script],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=terminal,
-        )
-        os.close(terminal)
-        drawn = bytearray()
-        while True:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            drawn += chunk
-        stdout = process.stdout.read().decode()
-        assert process.wait(timeout=300) == 0, drawn.decode(errors="replace")
-    finally:
-        os.close(controller)
-    text = drawn.decode(errors="replace")
+    code, stdout, text = run_on_a_terminal([sys.executable, "-c", script], 300)
+    assert code == 0, text
     for stage in (*DEMO_STAGES, "opening the demo"):
         assert f"making llama demo: {stage}:" in text, text
     for stage in ("reading config", "building empty model", "reading checkpoint headers"):

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
 import re
-import select
-import struct
-import subprocess
 import sys
-import termios
-import time
 from pathlib import Path
 
 import pytest
+from terminal import run_on_a_terminal
 
 from workbench.models.intake import open_model
 
@@ -116,43 +109,11 @@ def test_the_library_reports_each_shard_within_the_writing_stage(tmp_path: Path)
     assert [r.bytes_done for r in shards] == sorted({r.bytes_done for r in shards})
 
 
-def _run_on_a_terminal(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
-    """Run ``argv`` with stderr on a pseudo-terminal (200 columns, so tqdm draws its bar);
-    return ``(exit_code, stdout, terminal_output)``."""
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=secondary
-    )
-    os.close(secondary)
-    terminal = bytearray()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([primary], [], [], deadline - time.monotonic())
-            if not ready:
-                break
-            try:
-                data = os.read(primary, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not data:
-                break
-            terminal += data
-        stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        os.close(primary)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, stdout.decode(), terminal.decode(errors="replace")
-
-
 @pytest.mark.slow  # a subprocess that imports torch and transformers
 def test_a_terminal_sees_each_shard_being_written_in_order(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
     argv = [sys.executable, "-m", "workbench", "make-demo", str(folder)]
-    code, out, terminal = _run_on_a_terminal([*argv, "--params", "1M", "--shards", "3"], 240)
+    code, out, terminal = run_on_a_terminal([*argv, "--params", "1M", "--shards", "3"], 240)
     assert code == 0, terminal
     assert "in 3 shard(s)" in out
     # tqdm redraws the line as "making llama demo: STAGE:  40%|####  | 2/5 [...]"

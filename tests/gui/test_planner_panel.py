@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
+from user_input import compare_strategies
 
 from workbench.gui.planner_compare import run_comparison
 
@@ -12,24 +13,12 @@ pytestmark = pytest.mark.gui
 GIB = 1024**3
 
 
-def _compare(qtbot, window, budgets: dict) -> list:
-    panel = window.planner_panel
-    panel.budget_editor.set_budgets(budgets)
-    panel.reserve_by_bytes.setChecked(True)
-    panel.reserve_gib.setValue(0)
-    with qtbot.waitSignal(panel.comparison_ready, timeout=30_000) as blocker:
-        thread = panel.compare()
-        assert thread is not None
-    qtbot.waitUntil(lambda: not thread.isRunning(), timeout=5000)
-    return blocker.args[0]
-
-
 def test_compare_fills_the_table_and_apply_is_one_undo_step(qtbot, tiny_window) -> None:
     window = tiny_window
     panel = window.planner_panel
     # 2848 B in total; blocks of 576 B are no-split; GPU 0 holds 1300 B, GPU 1 1300 B
     budgets = {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9}
-    candidates = _compare(qtbot, window, budgets)
+    candidates = compare_strategies(qtbot, window, budgets)
     assert [c.strategy for c in candidates] == ["auto", "balanced", "balanced_low_0", "sequential"]
     assert all(c.plan is not None for c in candidates), [c.error for c in candidates]
     assert panel.table.columnCount() == 4
@@ -61,7 +50,7 @@ def test_a_strategy_that_cannot_fit_shows_its_error_and_cannot_apply(qtbot, tiny
     panel = window.planner_panel
     for strategy, check in panel.strategy_checks.items():
         check.setChecked(strategy == "sequential")
-    candidates = _compare(qtbot, window, {0: 100, 1: 100, "cpu": 100, "disk": 200})
+    candidates = compare_strategies(qtbot, window, {0: 100, 1: 100, "cpu": 100, "disk": 200})
     assert len(candidates) == 1 and candidates[0].plan is None and candidates[0].error
     assert not panel.apply_buttons["sequential"].isEnabled()
     assert not panel.apply("sequential")
@@ -106,7 +95,7 @@ def test_a_stale_comparison_never_writes_old_budgets_back(qtbot, tiny_window) ->
     window = tiny_window
     panel = window.planner_panel
     budgets = {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9}
-    _compare(qtbot, window, budgets)
+    compare_strategies(qtbot, window, budgets)
     button = panel.apply_buttons["sequential"]
     assert button.isEnabled()
     window.budget_editor.spin_boxes[0].setValue(5.0)  # session budgets change after Compare
@@ -133,7 +122,7 @@ def test_an_applied_plan_in_another_dtype_carries_it_into_the_session_and_lanes(
     assert window.session.tree.planning_dtype is None  # the tree counts float32 as stored
     panel.dtype_combo.setCurrentText("float16")
     budgets = {0: 700, 1: 700, "cpu": 10_000, "disk": 10**9}  # fits only in float16
-    _compare(qtbot, window, budgets)
+    compare_strategies(qtbot, window, budgets)
     plan = panel.candidate("sequential").plan
     panel.apply_buttons["sequential"].click()
     assert window.session.dtype == "float16"
@@ -151,7 +140,7 @@ def test_an_applied_plan_in_another_dtype_carries_it_into_the_session_and_lanes(
 def test_planner_reasons_leave_the_tooltips_when_the_plan_is_undone(qtbot, tiny_window) -> None:
     window = tiny_window
     panel = window.planner_panel
-    _compare(qtbot, window, {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
+    compare_strategies(qtbot, window, {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
     panel.apply_buttons["sequential"].click()
 
     def tooltip() -> str:

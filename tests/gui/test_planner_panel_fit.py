@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from user_input import compare_strategies
 
 from workbench.gui.planner_compare import run_comparison
 
@@ -49,18 +50,6 @@ def buffered_window(main_window: Any, buffered_opened: Any) -> Any:
     return main_window
 
 
-def _compare(qtbot: Any, window: Any, budgets: dict) -> list:
-    panel = window.planner_panel
-    panel.budget_editor.set_budgets(budgets)
-    panel.reserve_by_bytes.setChecked(True)
-    panel.reserve_gib.setValue(0)
-    with qtbot.waitSignal(panel.comparison_ready, timeout=30_000) as blocker:
-        thread = panel.compare()
-        assert thread is not None
-    qtbot.waitUntil(lambda: not thread.isRunning(), timeout=5000)
-    return blocker.args[0]
-
-
 def test_run_comparison_keeps_each_strategys_warnings(buffered_window: Any, recwarn) -> None:
     panel = buffered_window.planner_panel
     panel.budget_editor.set_budgets(SMALL_GPUS)
@@ -77,7 +66,7 @@ def test_a_planner_warning_shows_in_the_status_cell_trace_and_status_bar(
 ) -> None:
     window = buffered_window
     panel = window.planner_panel
-    _compare(qtbot, window, SMALL_GPUS)
+    compare_strategies(qtbot, window, SMALL_GPUS)
     table = panel.table
     rows = [table.verticalHeaderItem(r).text() for r in range(table.rowCount())]
     # the GPUs the plans leave empty keep their rows: 0 B says they are unused
@@ -98,7 +87,9 @@ def test_a_planner_warning_shows_in_the_status_cell_trace_and_status_bar(
 
 def test_without_warnings_the_status_says_ok(qtbot: Any, tiny_window: Any) -> None:
     panel = tiny_window.planner_panel
-    candidates = _compare(qtbot, tiny_window, {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
+    candidates = compare_strategies(
+        qtbot, tiny_window, {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9}
+    )
     assert all(not c.warnings for c in candidates)
     status_row = panel.table.rowCount() - 1
     assert [panel.table.item(status_row, c).text() for c in range(4)] == ["ok"] * 4
@@ -114,7 +105,7 @@ def test_after_compare_the_apply_buttons_and_the_trace_are_in_view(
     window.resize(1728, 972)
     window._default_dock_sizes()
     panel = window.planner_panel
-    _compare(qtbot, window, {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
+    compare_strategies(qtbot, window, {0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
     scroll = window.planner_dock.widget()
     table = panel.table
     # the table is as tall as its rows: every row shows (once laid out), and nothing more

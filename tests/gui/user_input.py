@@ -35,3 +35,17 @@ def drop_file(window: Any, path: Any) -> QDropEvent:
     )
     window.dropEvent(event)
     return event
+
+
+def compare_strategies(qtbot: Any, window: Any, budgets: dict) -> list:
+    """Set ``budgets`` (no reserve) in the planner panel, press Compare, return the candidates
+    once the comparison thread has finished."""
+    panel = window.planner_panel
+    panel.budget_editor.set_budgets(budgets)
+    panel.reserve_by_bytes.setChecked(True)
+    panel.reserve_gib.setValue(0)
+    with qtbot.waitSignal(panel.comparison_ready, timeout=30_000) as blocker:
+        thread = panel.compare()
+        assert thread is not None
+    qtbot.waitUntil(lambda: not thread.isRunning(), timeout=5000)
+    return blocker.args[0]
