@@ -261,6 +261,12 @@ def _bottleneck(layers: list[LayerPrediction], transfer_s: float, compute_s: flo
     return "memory" if memory_s > compute_s / 2 else "compute"
 
 
+def layer_unit_names(tree: ModuleTree) -> list[str]:
+    """The modules the speed model predicts one row for (``SpeedPrediction.per_layer``): the
+    no-split blocks and, outside them, the modules holding tensors directly."""
+    return [unit.name for unit in _iter_layers(tree.root)]
+
+
 def _iter_layers(root: ModuleNode) -> list[ModuleNode]:
     """Return the no-split blocks and, outside them, modules holding tensors directly."""
     units: list[ModuleNode] = []

@@ -97,41 +97,17 @@ class ComputeTimer:
 
 
 def timed_module_names(loaded: Any) -> list[str]:
-    """The modules whose compute is timed: the same units the engine hooks on a split map.
+    """The modules whose compute is timed: the speed model's rows (``layer_unit_names``), so
+    measured and predicted per-layer figures line up on every map. Without a module tree: the
+    map's units, else the root's children."""
+    from workbench.models.speed import layer_unit_names
 
-    Those are the blocks (no-split classes) and, beside them, every module that sits next to
-    the path down to the blocks (``model.embed_tokens``, ``model.norm``, ``lm_head``), so a
-    whole-model map shows the same rows as a cpu + disk one. Without blocks: the map's units,
-    else the root's children.
-    """
-    block_classes = set(getattr(loaded.opened, "no_split_modules", None) or [])
-    modules = list(loaded.model.named_modules())
-    blocks = [name for name, module in modules if name and type(module).__name__ in block_classes]
-    if not blocks:
-        units = [name for name in loaded.device_map if name]
-        return units or [name for name, _ in loaded.model.named_children()]
-    above = {""}  # the root and every container on the way down to a block
-    for name in blocks:
-        while name:
-            name = name.rpartition(".")[0]
-            above.add(name)
-    block_set = set(blocks)
-    names = []
-    for name, _ in modules:
-        if not name or name in above:
-            continue
-        parent = name.rpartition(".")[0]
-        if name in block_set or (parent in above and not _inside(name, block_set)):
-            names.append(name)
-    return names
-
-
-def _inside(name: str, blocks: set[str]) -> bool:
-    while name:
-        name = name.rpartition(".")[0]
-        if name in blocks:
-            return True
-    return False
+    tree = getattr(loaded.opened, "tree", None)
+    names = [name for name in layer_unit_names(tree) if name] if tree is not None else []
+    if names:
+        return names
+    units = [name for name in loaded.device_map if name]
+    return units or [name for name, _ in loaded.model.named_children()]
 
 
 @contextmanager

@@ -454,7 +454,10 @@ class MemoryPlot(QWidget):
         gap_start, gap_end = max(itertools.pairwise(cuts), key=lambda gap: gap[1] - gap[0])
         position = (gap_start + gap_end) / 2
         for line in self._budget_lines.values():
-            line.label.setPosition(position)
+            if (
+                line.label.orthoPos != position
+            ):  # runs every refresh: move (and redraw) only on change
+                line.label.setPosition(position)
 
     @property
     def budget_label_positions(self) -> dict[str, float]:
