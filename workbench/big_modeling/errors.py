@@ -6,6 +6,8 @@ exit code 2 and the GUI shows its message as is.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class BadInputError(ValueError):
     """Input the user can fix: a malformed file, an unknown name, an impossible budget."""
@@ -34,3 +36,10 @@ class LoadCancelled(Exception):
 def not_utf8_text(path: object, data: bytes, error: UnicodeDecodeError) -> str:
     """``"<path>: not UTF-8 text (byte 0xe8 at offset 36)"`` for a failed ``data.decode()``."""
     return f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})"
+
+
+def first_names(names: Iterable[str], limit: int = 20) -> str:
+    """``"a, b, c, ... and 7 more"``: the first ``limit`` names of a list in an error message."""
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown}, ... and {len(names) - limit} more"

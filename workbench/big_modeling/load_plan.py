@@ -26,7 +26,12 @@ from torch import nn
 
 from workbench.big_modeling.checkpoint import CheckpointIndex, TensorInfo
 from workbench.big_modeling.devices import DeviceValue, normalize_device
-from workbench.big_modeling.errors import BadInputError, CheckpointError, DeviceMapError
+from workbench.big_modeling.errors import (
+    BadInputError,
+    CheckpointError,
+    DeviceMapError,
+    first_names,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +72,6 @@ class LoadPlan:
 
     def uses_disk(self) -> bool:
         return any(step.device == "disk" for step in self.steps)
-
-
-def _names(names: Iterable[str], limit: int = 20) -> str:
-    names = list(names)
-    shown = ", ".join(names[:limit])
-    return shown if len(names) <= limit else f"{shown}, ... and {len(names) - limit} more"
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -219,9 +218,9 @@ def plan_load(
     if strict and (missing or unexpected):
         parts = []
         if missing:
-            parts.append(f"{len(missing)} missing key(s): {_names(missing)}")
+            parts.append(f"{len(missing)} missing key(s): {first_names(missing)}")
         if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s): {_names(unexpected)}")
+            parts.append(f"{len(unexpected)} unexpected key(s): {first_names(unexpected)}")
         raise CheckpointError(
             f"{index.source}: does not match {type(model).__name__} (strict=True): "
             + "; ".join(parts)
@@ -234,7 +233,7 @@ def plan_load(
     if shape_errors:
         raise CheckpointError(
             f"{index.source}: {len(shape_errors)} tensor(s) have a different shape in the checkpoint than in "
-            f"{type(model).__name__}: {_names(shape_errors)}. Use the checkpoint made for this model configuration."
+            f"{type(model).__name__}: {first_names(shape_errors)}. Use the checkpoint made for this model configuration."
         )
     keep = list(keep_in_fp32_modules or [])
     steps: list[LoadStep] = []
@@ -265,7 +264,7 @@ def plan_load(
         steps.append(LoadStep(info, slot, device, target_dtype(info, slot, dtype, keep)))
     if unplaced:
         raise DeviceMapError(
-            f"device_map gives no device for {len(unplaced)} tensor(s): {_names(sorted(unplaced))}. "
+            f"device_map gives no device for {len(unplaced)} tensor(s): {first_names(sorted(unplaced))}. "
             "Add a covering module key or a '' entry."
         )
     return LoadPlan(steps, missing, unexpected, slots)
@@ -277,12 +276,12 @@ def warn_key_differences(plan: LoadPlan, source: object, model: nn.Module) -> No
     if plan.unexpected_keys:
         warnings.warn(
             f"{source}: {len(plan.unexpected_keys)} checkpoint tensor(s) are not in {name} and were skipped: "
-            f"{_names(plan.unexpected_keys)}",
+            f"{first_names(plan.unexpected_keys)}",
             stacklevel=3,
         )
     if plan.missing_keys:
         warnings.warn(
             f"{source}: {len(plan.missing_keys)} tensor(s) of {name} are not in the checkpoint and were left as they are"
-            f" (on meta if the model was built empty): {_names(plan.missing_keys)}",
+            f" (on meta if the model was built empty): {first_names(plan.missing_keys)}",
             stacklevel=3,
         )

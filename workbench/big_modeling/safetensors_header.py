@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.big_modeling.errors import CheckpointError
+from workbench.big_modeling.errors import CheckpointError, first_names
 
 # safetensors refuses headers above 100 MB; so do we (a corrupt length would otherwise allocate).
 MAX_HEADER_NBYTES = 100 * 1024 * 1024
@@ -209,7 +209,7 @@ def _check_layout(file: Path, entries: dict[str, HeaderEntry], data_nbytes: int)
         raise _fail(
             file,
             f"is truncated or its data offsets are out of range: {len(past_end)} tensor(s) end past the data region "
-            f"({worst} > {data_nbytes} bytes): {_names(past_end)}",
+            f"({worst} > {data_nbytes} bytes): {first_names(past_end, limit=10)}",
             "Re-download the file.",
         )
     cursor, previous = 0, None
@@ -231,8 +231,3 @@ def _check_layout(file: Path, entries: dict[str, HeaderEntry], data_nbytes: int)
             file,
             f"has {data_nbytes - cursor} trailing bytes after the last tensor; the data offsets are corrupt",
         )
-
-
-def _names(names: list[str], limit: int = 10) -> str:
-    shown = ", ".join(names[:limit])
-    return shown if len(names) <= limit else f"{shown}, ... and {len(names) - limit} more"
