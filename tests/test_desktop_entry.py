@@ -76,9 +76,21 @@ def read_entry(path: Path) -> configparser.ConfigParser:
 
 
 def installed_files(data_dir: Path) -> set[Path]:
+    """Files under ``data_dir``, less what the desktop's tools generate from ours (caches and
+    the compiled MIME database beside ``mime/packages``)."""
+    mime = data_dir / "mime"
     return {
-        p for p in data_dir.rglob("*") if p.is_file() and not p.name.endswith(".cache")
-    }  # desktop caches
+        p
+        for p in data_dir.rglob("*")
+        if p.is_file()
+        and not p.name.endswith(".cache")
+        and (mime not in p.parents or p.parent == mime / "packages")
+    }
+
+
+def without_field_codes(command: list[str]) -> list[str]:
+    """The command a launcher runs when it has no file to pass (``%f`` is dropped)."""
+    return [word for word in command if word not in ("%f", "%F", "%u", "%U")]
 
 
 def test_cli_installs_entry_and_every_icon_under_xdg_data_home(tmp_path, monkeypatch, capsys):
@@ -91,6 +103,7 @@ def test_cli_installs_entry_and_every_icon_under_xdg_data_home(tmp_path, monkeyp
     pngs = sorted((resources_root() / "icons" / "hicolor").glob(f"*/apps/{APP_ID}.png"))
     assert len(pngs) >= 8  # 16..256 px
     expected = {entry, data_dir / "icons/hicolor/scalable/apps" / f"{APP_ID}.svg"}
+    expected.add(data_dir / "mime/packages" / f"{APP_ID}.xml")
     expected |= {data_dir / "icons/hicolor" / p.parent.parent.name / "apps" / p.name for p in pngs}
     assert installed_files(data_dir) == expected
     for png in pngs:
@@ -107,7 +120,9 @@ def test_cli_installs_entry_and_every_icon_under_xdg_data_home(tmp_path, monkeyp
 def test_installed_exec_line_launches_this_installation(tmp_path):
     entry = install_desktop_entry(tmp_path)[0]
     parsed = read_entry(entry)
-    command = parse_exec(parsed["Desktop Entry"]["Exec"])
+    with_file = parse_exec(parsed["Desktop Entry"]["Exec"])
+    assert with_file[-1] == "%f"  # a file manager passes the file it opens
+    command = without_field_codes(with_file)
     assert Path(command[0]).is_absolute()
 
     result = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=120)
@@ -126,7 +141,7 @@ def test_exec_line_survives_paths_with_spaces_and_shell_characters(tmp_path):
 
     entry = install_desktop_entry(tmp_path / "data", command=[str(launcher)])[0]
     parsed = read_entry(entry)["Desktop Entry"]
-    command = parse_exec(parsed["Exec"])
+    command = without_field_codes(parse_exec(parsed["Exec"]))
 
     assert command == [str(launcher)]
     assert parsed["TryExec"].replace("\\\\", "\\") == str(launcher)
@@ -166,7 +181,7 @@ def test_reinstall_overwrites_a_stale_entry(tmp_path):
     entry.parent.mkdir(parents=True)
     entry.write_text("[Desktop Entry]\nExec=/old/place/workbench\n")
     install_desktop_entry(tmp_path, command=["/new/place/workbench"])
-    assert read_entry(entry)["Desktop Entry"]["Exec"] == "/new/place/workbench"
+    assert read_entry(entry)["Desktop Entry"]["Exec"] == "/new/place/workbench %f"
 
 
 def test_user_data_dir_follows_xdg_rules(tmp_path, monkeypatch):
@@ -204,3 +219,30 @@ def test_bundled_and_installed_entries_pass_desktop_file_validate(tmp_path):
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.strip() == "", result.stdout  # not even a hint
+
+
+def test_the_entry_opens_our_own_file_types_and_no_other_json(tmp_path):
+    """``MimeType`` lists the session and map types, whose globs are double extensions:
+    Qt's MIME database (which reads ``$XDG_DATA_HOME/mime``) maps ``s.wbsession.json`` to ours
+    and a plain ``s.json`` stays application/json."""
+    data_dir = tmp_path / "data"
+    entry = install_desktop_entry(data_dir)[0]
+    types = read_entry(entry)["Desktop Entry"]["MimeType"].strip(";").split(";")
+    assert types == ["application/x-workbench-session", "application/x-workbench-device-map"]
+    names = {"s.wbsession.json": types[0], "m.wbmap.json": types[1], "s.json": "application/json"}
+    for name in names:
+        (tmp_path / name).write_text('{"format": "workbench-session"}')
+    probe = (
+        "import sys; from PySide6.QtCore import QMimeDatabase; db = QMimeDatabase(); "
+        "print(','.join(db.mimeTypeForFile(p).name() for p in sys.argv[1:]))"
+    )
+    env = {**os.environ, "XDG_DATA_HOME": str(data_dir), "XDG_DATA_DIRS": "/usr/share"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *(str(tmp_path / n) for n in names)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().split(",") == list(names.values())

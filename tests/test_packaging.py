@@ -13,8 +13,10 @@ import importlib.util
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 from types import ModuleType
@@ -85,6 +87,8 @@ def test_help_lists_the_desktop_command(tmp_path):
         (["--demo"], False),
         (["--open", "gpt2"], False),
         (["--open=gpt2", "-v"], False),
+        (["s.wbsession.json"], False),  # `workbench PATH`, as a file manager runs it
+        (["-v", "./models/demo"], False),
         (["--version"], True),
         (["-h"], True),
         (["plan", "gpt2"], True),
@@ -140,6 +144,46 @@ def test_bundle_smoke_hook_fails_when_no_model_opens(tmp_path):
     assert "no model open after 1 s" in result.stderr
 
 
+def fresh_venv(env_dir: Path) -> tuple[Path, Path]:
+    """A new venv that sees this interpreter's packages (pip, setuptools, the dependencies),
+    never the base interpreter's: return its (bin folder, python).
+
+    ``system_site_packages=True`` would give the venv the *base* interpreter's site-packages,
+    not those of the environment running the tests; on a machine whose system Python has
+    setuptools 65.5 the build then fails on ``license = "Apache-2.0"`` (PEP 639 needs
+    setuptools >= 77, which ``pip install -e ".[dev]"`` puts in the running environment).
+    Offline: nothing is downloaded.
+    """
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
+    bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
+    python = bin_dir / ("python.exe" if sys.platform == "win32" else "python")
+    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    venv_site = Path(subprocess.check_output([str(python), "-c", probe], text=True).strip())
+    running = dict.fromkeys(
+        [
+            sysconfig.get_paths()["purelib"],
+            sysconfig.get_paths()["platlib"],
+            *site.getsitepackages(),
+        ]
+    )
+    (venv_site / "_running_environment.pth").write_text(
+        "\n".join(p for p in running if Path(p).is_dir()) + "\n", encoding="utf-8"
+    )
+    return bin_dir, python
+
+
+def _check_build_backend(python: Path, tmp_path: Path) -> None:
+    """The venv builds with this interpreter's setuptools, new enough for the license field."""
+    code = "import setuptools; print(setuptools.__version__); print(setuptools.__file__)"
+    found = run([str(python), "-c", code], tmp_path)
+    assert found.returncode == 0, found.stderr
+    version, location = found.stdout.split()
+    import setuptools
+
+    assert Path(location) == Path(setuptools.__file__), "the venv sees another setuptools"
+    assert int(version.split(".")[0]) >= 77, f"setuptools {version} rejects the license field"
+
+
 def _copy_project(destination: Path) -> Path:
     """The files a source distribution holds, so the build never writes into the shared tree."""
     destination.mkdir()
@@ -155,9 +199,8 @@ def _copy_project(destination: Path) -> Path:
 def test_clean_pip_install_into_a_fresh_venv_resolves_resources_from_the_wheel(tmp_path):
     source = _copy_project(tmp_path / "src")
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
-    python = bin_dir / ("python.exe" if sys.platform == "win32" else "python")
+    bin_dir, python = fresh_venv(env_dir)
+    _check_build_backend(python, tmp_path)
 
     install = run(
         [
@@ -203,9 +246,8 @@ def test_readme_editable_install_runs_the_checkout_it_was_made_from(tmp_path):
     come from this interpreter's site-packages)."""
     source = _copy_project(tmp_path / "src")
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
-    python = bin_dir / ("python.exe" if sys.platform == "win32" else "python")
+    bin_dir, python = fresh_venv(env_dir)
+    _check_build_backend(python, tmp_path)
     install = subprocess.run(
         [
             str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",

@@ -73,7 +73,7 @@ def test_frozen_install_points_the_entry_at_the_bundle_and_copies_its_icons(
     lines = entry.read_text(encoding="utf-8").splitlines()
     assert f"TryExec={exe}" in lines
     assert [line for line in lines if line.startswith("Exec=")] == [
-        f"Exec={exe}",
+        f"Exec={exe} %f",
         f"Exec={exe} --demo",
     ]
     svg = data_dir / "icons" / "hicolor" / "scalable" / "apps" / f"{APP_ID}.svg"

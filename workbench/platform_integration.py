@@ -196,7 +196,10 @@ def bundle_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _is_subcommand(args: Sequence[str]) -> bool:
-    """True when the arguments run a headless command (or just print), not the GUI."""
+    """True when the arguments run a headless command (or just print), not the GUI
+    (``workbench PATH`` opens the GUI, see ``workbench.cli``)."""
+    from workbench.cli import looks_like_source, subcommand_names
+
     values = iter(args)
     for arg in values:
         if arg in ("-h", "--help", "--version"):
@@ -204,5 +207,5 @@ def _is_subcommand(args: Sequence[str]) -> bool:
         if arg == "--open":
             next(values, None)  # the SOURCE value, not a subcommand
         elif not arg.startswith("-"):
-            return True
+            return arg in subcommand_names() or not looks_like_source(arg)
     return False

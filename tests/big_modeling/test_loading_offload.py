@@ -92,7 +92,11 @@ def test_disk_tier_writes_only_cast_weights(
     # minus blocks.2.bn (kept fp32, a zero-copy pointer): 2*16 elements -> (624 - 32) * 2 B
     assert result.offload_nbytes_written == (624 - 32) * 2
     assert "safetensors_file" in index["blocks.2.bn.weight"]
-    assert index["blocks.1.up.weight"] == {"dtype": "float16", "shape": [16, 8]}
+    assert index["blocks.1.up.weight"] == {
+        "dtype": "float16",
+        "shape": [16, 8],
+        "generation": index["blocks.1.down.weight"]["generation"],  # one commit wrote both
+    }
     weights = OffloadedWeightsLoader(save_folder=folder)
     assert torch.equal(
         weights["blocks.1.up.weight"], reference_model.blocks[1].up.weight.to(torch.float16)

@@ -100,6 +100,8 @@ def test_offload_state_dict_merges_into_existing_index(tmp_path: Path) -> None:
     written = offload_state_dict(tmp_path, {"b": torch.zeros(3, 1, dtype=torch.int32)})
     assert written == {"b": {"dtype": "int32", "shape": [3, 1]}}
     on_disk = json.loads((tmp_path / "index.json").read_text())
+    generations = {name: entry.pop("generation") for name, entry in on_disk.items()}
+    assert generations["a"] != generations["b"]  # each raw entry names the commit that wrote it
     assert on_disk == {
         "a": {"dtype": "float16", "shape": [2]},
         "b": {"dtype": "int32", "shape": [3, 1]},

@@ -29,7 +29,7 @@ from workbench.big_modeling.sizes import (
         (torch.float8_e4m3fn, 1),
         (torch.float8_e5m2, 1),
         (torch.int64, 8),
-        (torch.bool, 1),  # PyTorch stores a byte per bool
+        (torch.bool, 1 / 8),  # the reference counts a bit (the planner: element_nbytes, 1)
         (torch.uint4, 0.5),
         (torch.int2, 0.25),
         (torch.uint1, 0.125),

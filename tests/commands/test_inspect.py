@@ -95,9 +95,10 @@ def test_model_sources_the_user_must_fix_exit_2(cli, tmp_path: Path) -> None:
     (unbuildable / "config.json").write_text(json.dumps(_tiny_llama(intermediate_size=-5)))
     code, out, err = cli("inspect", str(unbuildable), "--json")
     assert (code, out) == (2, "")
+    # the structural fields are checked before transformers builds anything (issue 16)
     assert (
-        f"error: transformers could not build the model from {unbuildable / 'config.json'}: "
-        "LlamaForCausalLM: " in err
+        f"error: {unbuildable / 'config.json'}: 'intermediate_size' must be a whole number of "
+        "at least 1, got -5" in err
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,4 +165,62 @@ def test_run_warns_when_the_prompt_is_ignored_for_lack_of_a_tokenizer(
     assert code == 0, captured
     assert "worker: " in captured.err and "the prompt is ignored" in captured.err, captured.err
     assert "has no tokenizer" in captured.err
-    assert "2 tokens from a 8-token prompt" in captured.out  # the seeded synthetic ids
+    assert "2 tokens from an 8-token prompt" in captured.out  # the seeded synthetic ids
+
+
+@pytest.fixture(scope="module")
+def chat_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from chat_demo import make_chat_demo
+
+    return make_chat_demo(tmp_path_factory.mktemp("run-chat") / "demo")
+
+
+def test_one_chat_turn_with_sampling_options_as_json(
+    chat_demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", str(chat_demo), "--system", "Be brief.", "--prompt", "What is a plan?"]
+    argv += ["--max-new-tokens", "4", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20"]
+    argv += ["--seed", "5", "--repetition-penalty", "1.1", "--json", "--in-process"]
+    code = main(argv)  # no --device-map: the whole model on the CPU
+    out = capsys.readouterr().out
+    assert code == 0, out
+    inference = json.loads(out)["inference"]
+    assert inference["chat_template"] is True
+    assert inference["prompt_text"] == (
+        "<s>system\nBe brief.</s>\n<s>user\nWhat is a plan?</s>\n<s>assistant\n"
+    )
+    assert inference["sampling"] == {
+        "greedy": False,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "top_k": 20,
+        "seed": 5,
+        "repetition_penalty": 1.1,
+    }
+    assert inference["predicted_for"] == "detected" and inference["predicted"]["tokens_per_s"] > 0
+    assert main(argv) == 0  # the same seed: the same answer
+    assert json.loads(capsys.readouterr().out)["inference"]["token_ids"] == inference["token_ids"]
+
+
+def test_sampling_options_without_a_temperature_are_refused(
+    chat_demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", str(chat_demo), "--top-k", "5", "--seed", "1", "--in-process"]) == 2
+    err = capsys.readouterr().err
+    assert "--top-k, --seed only act when sampling; add --temperature" in err
+    assert main(["run", str(chat_demo), "--temperature", "0.5", "--top-p", "2"]) == 2
+    assert "top_p must be in (0, 1], got 2.0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_interactive_chat_in_the_terminal(chat_demo: Path) -> None:
+    """Lines typed on stdin of a real process: two turns, a new chat, an empty line ends."""
+    command = [sys.executable, "-m", "workbench", "run", str(chat_demo), "--chat", "--in-process"]
+    command += ["--system", "Be brief.", "--max-new-tokens", "3", "--verify"]
+    typed = "Hello\nAnd then?\n/new\nHi\n\n"
+    done = subprocess.run(command, input=typed, capture_output=True, text=True, check=False)
+    output = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert output.count("you> ") == 5 and output.count("model> ") == 3, output
+    assert "(a new chat)" in output and output.count("tokens/s, time to first token") == 3
+    assert "verify: greedy continuation identical: 16 of 16 tokens match" in output

@@ -127,6 +127,8 @@ def main_window(qtbot: Any, clean_settings: Path, test_profile: Any) -> Iterator
     from workbench.gui.main_window import MainWindow
 
     window = MainWindow(profiles=[test_profile])
+    # no background worker per opened model: the tests that want one turn it back on
+    window.runtime_panels.warm_on_open = False
     # a test's edits are no one's work: close without asking (qtbot closes before teardown)
     qtbot.addWidget(window, before_close_func=lambda w: w.session.mark_clean())
     window.errors = []  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ from workbench.runtime.protocol import (
     InferenceResult,
     LayerTiming,
     Result,
+    Sampling,
     TokenStreamed,
     VerifyResult,
 )
@@ -102,7 +103,8 @@ def test_run_streams_tokens_then_shows_figures_and_layers(qtbot, panel) -> None:
     panel.max_tokens_spin.setValue(3)
     panel.run_button.click()
     host = panel.bridge.host
-    assert host.requests == [("infer", "The quick brown fox", {"max_new_tokens": 3})]
+    options = {"max_new_tokens": 3, "sampling": Sampling(True, 0.7, 0.9, 50), "profile": None}
+    assert host.requests == [("infer", "The quick brown fox", options)]
     assert not panel.run_button.isEnabled() and panel.stop_button.isEnabled()
     tokens = [
         TokenStreamed(1, i, 100 + i, text, 0.25 + i * 0.1)
@@ -313,7 +315,8 @@ def test_ctrl_enter_in_the_prompt_runs(qtbot, panel) -> None:
     host = panel.bridge.host
     panel.prompt_edit.setPlainText("hello")
     qtbot.keyClick(panel.prompt_edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
-    assert host.requests == [("infer", "hello", {"max_new_tokens": 16})]
+    options = {"max_new_tokens": 16, "sampling": Sampling(True, 0.7, 0.9, 50), "profile": None}
+    assert host.requests == [("infer", "hello", options)]
     assert panel.prompt_edit.toPlainText() == "hello"  # no new line either
     qtbot.keyClick(panel.prompt_edit, Qt.Key.Key_Enter, Qt.KeyboardModifier.ControlModifier)
     assert len(host.requests) == 1  # Run is disabled while the first run is in flight
@@ -360,3 +363,47 @@ def test_long_figures_wrap_instead_of_widening_the_left_side(qtbot, panel) -> No
     panel.rate_label.setText("21.9 tok/s (predicted 26.1 tok/s)")
     panel.verify_label.setText("PASS max |abs| 0 · max rel 0 (bitwise identical)")
     assert left.minimumSizeHint().width() == narrowest  # the figures wrap
+
+
+def test_tokens_without_printable_text_say_so(qtbot, panel) -> None:
+    from workbench.runtime.protocol import LoadSummary
+
+    summary = LoadSummary(
+        "/cache/demo-llama-60m", "LlamaForCausalLM", MAP_A, {}, 1.0, 1, True, True
+    )
+    panel.bridge.host.play(Result(99, "load", summary))  # the panel learns what is loaded
+    qtbot.waitUntil(lambda: panel.loaded_summary is not None, timeout=5000)
+    assert panel.mode == "raw"  # no chat template: raw prompt mode
+    panel.run_button.click()
+    blank = dataclasses.replace(_result(1).value, text=" \n\u200b", new_tokens=16)
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        panel.bridge.host.play(Result(1, "infer", blank))
+    note = "16 tokens, no printable text: the demo model has random weights"
+    assert panel.tokens_label.text() == note and panel.output_edit.placeholderText() == note
+
+
+def test_sampling_settings_are_sent_and_kept_with_the_run(qtbot, panel) -> None:
+    controls = panel.sampling_controls
+    assert controls.greedy_check.isChecked() and not controls.temperature_spin.isEnabled()
+    assert panel.side_tabs.tabText(2) == "Sampling: greedy"
+    controls.greedy_check.setChecked(False)  # sampling: its settings come alive
+    assert all(
+        spin.isEnabled()
+        for spin in (controls.temperature_spin, controls.top_p_spin, controls.top_k_spin)
+    )
+    controls.temperature_spin.setValue(1.2)
+    controls.seed_spin.setValue(9)
+    controls.repetition_spin.setValue(1.3)
+    assert panel.side_tabs.tabText(2) == "Sampling: sampled"
+    panel.run_button.click()
+    sent = panel.bridge.host.requests[-1][2]["sampling"]
+    assert sent == Sampling(False, 1.2, 0.9, 50, 1.3, 9)
+    with qtbot.waitSignal(panel.run_finished, timeout=5000) as finished:
+        panel.bridge.host.play(_result(1))
+    record = finished.args[0]
+    expected = "temperature 1.2, top-p 0.9, top-k 50, seed 9, repetition penalty 1.3"
+    assert record.settings["sampling"] == expected and record.settings["mode"] == "Raw prompt"
+    assert panel.history.model.index(0, 6).data() == "10 tok/s · 200 ms"  # predicted beside
+    flags = QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows
+    panel.history.view.selectionModel().select(panel.history.model.index(0, 0), flags)
+    assert f"sampling: {expected}" in panel.history.details.toPlainText()

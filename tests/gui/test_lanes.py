@@ -111,9 +111,9 @@ def test_over_budget_lane_turns_red_and_map_invalid(tiny_window) -> None:
     assert lane.property("overBudget") is True
     assert "over by 304 B" in lane.figures_label.text()
     assert "cuda:0 over budget by 304 B" in window.lanes.problems
-    assert window.validity_status.text() == "map INVALID"
+    assert window.validity_status.text() == "over budget"  # it loads: not "map INVALID"
     window.undo_stack.undo()  # the budget edit is undoable too
-    assert window.validity_status.text() == "map valid"
+    assert window.validity_status.text().startswith("map valid")  # (+ why it cannot load here)
 
 
 def test_a_zero_budget_holds_nothing_and_agrees_with_the_planner(tiny_window, tiny_opened) -> None:
@@ -137,7 +137,7 @@ def test_a_zero_budget_holds_nothing_and_agrees_with_the_planner(tiny_window, ti
     assert "576 B / 0 B — over by 576 B" in lane.figures_label.text()
     assert "budget 0 B" in lane.bar.toolTip()
     assert "cuda:0 over budget by 576 B" in window.lanes.problems
-    assert window.validity_status.text() == "map INVALID"
+    assert window.validity_status.text() == "over budget"
 
 
 def test_only_a_missing_budget_means_no_limit(qtbot, tiny_opened) -> None:

@@ -46,7 +46,7 @@ def test_open_generated_demo_without_freezing(qtbot, main_window, demo_dir, open
     assert window.tree_model.rowCount() == len(opened.tree.root.children)
     status = window.model_status.text()
     assert status.startswith(demo_dir.name) and "params" in status
-    assert window.validity_status.text() == "map valid"
+    assert window.validity_status.text().startswith("map valid")  # (+ why it cannot load here)
     assert [lane.device for lane in window.lanes.lanes] == [0, 1, "cpu", "disk"]
     assert "opened" in window.log_view.toPlainText()
     qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)

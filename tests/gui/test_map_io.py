@@ -44,9 +44,9 @@ def test_export_then_import_gives_an_identical_map(tiny_window, tmp_path, wrappe
 
 
 BAD_FILES = {
-    "invalid_json": ('{"embed": 0,,}', "invalid JSON at line 1"),
+    "invalid_json": ('{"embed": 0,,}', "not valid JSON (line 1"),
     "duplicate_keys": ('{"": 0, "": "cpu"}', "duplicate keys"),
-    "bad_device": ('{"": "gpu0"}', "do not name a device: '': \"gpu0\""),
+    "bad_device": ('{"": "gpu0"}', "does not name a device: '': \"gpu0\""),
     "wrong_version": (
         '{"format": "workbench-device-map", "version": 99, "device_map": {"": 0}}',
         "version",
@@ -64,7 +64,7 @@ BAD_FILES = {
     "not_utf8": (b'\xff\xfe{\x00"\x00"\x00:\x000\x00}', "not_utf8.json: not UTF-8 text (byte 0xff"),
     "bad_device_unknown_and_uncovered": (
         '{"embed": "gpu0", "nosuch": 0, "layers": 0}',
-        "1 entries do not name a device: 'embed': \"gpu0\"",
+        "1 entry does not name a device: 'embed': \"gpu0\"",
     ),
 }
 
@@ -217,7 +217,7 @@ def test_plan_then_export_then_import_through_the_gui_gives_an_identical_map(
 
     window = tiny_window
     panel = window.planner_panel
-    panel.budget_editor.set_budgets({0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
+    panel.budget_editor.budgets_edited.emit({0: 1300, 1: 1300, "cpu": 10_000, "disk": 10**9})
     panel.reserve_by_bytes.setChecked(True)
     panel.reserve_gib.setValue(0)
     with qtbot.waitSignal(panel.comparison_ready, timeout=30_000):

@@ -36,9 +36,9 @@ def test_compare_fills_the_table_and_apply_is_one_undo_step(qtbot, tiny_window) 
     assert panel.apply("sequential")
     assert window.session.device_map == sequential.plan.device_map
     assert window.session.budgets == budgets
-    assert (
-        window.undo_stack.count() == 1 and window.undo_stack.undoText() == "Apply sequential plan"
-    )
+    # the budget edit, then the plan: each one undo step
+    assert window.undo_stack.count() == 2
+    assert window.undo_stack.undoText() == "Apply sequential plan"
     tooltip = window.tree_model.index_of("layers.0.mlp").data(Qt.ItemDataRole.ToolTipRole)
     assert "<i>planner:</i> " in tooltip
     window.undo_stack.undo()
@@ -54,7 +54,7 @@ def test_a_strategy_that_cannot_fit_shows_its_error_and_cannot_apply(qtbot, tiny
     assert len(candidates) == 1 and candidates[0].plan is None and candidates[0].error
     assert not panel.apply_buttons["sequential"].isEnabled()
     assert not panel.apply("sequential")
-    assert window.undo_stack.count() == 0
+    assert window.undo_stack.undoText() == "Edit budgets"  # nothing applied after the edit
 
 
 def test_run_comparison_predicts_speed_for_each_plan(tiny_window) -> None:

@@ -52,7 +52,7 @@ def buffered_window(main_window: Any, buffered_opened: Any) -> Any:
 
 def test_run_comparison_keeps_each_strategys_warnings(buffered_window: Any, recwarn) -> None:
     panel = buffered_window.planner_panel
-    panel.budget_editor.set_budgets(SMALL_GPUS)
+    panel.budget_editor.budgets_edited.emit(SMALL_GPUS)  # an edit: the session's budgets
     candidates = run_comparison(panel.request())
     assert [c.strategy for c in candidates] == ["auto", "balanced", "balanced_low_0", "sequential"]
     for candidate in candidates:
@@ -75,7 +75,7 @@ def test_a_planner_warning_shows_in_the_status_cell_trace_and_status_bar(
         assert table.item(0, column).text() == table.item(1, column).text() == "0 B"
         assert table.item(0, column).toolTip() == "0 B of 100 B"
         status = table.item(rows.index("status"), column)
-        assert status.text() == "ok, 1 warning"
+        assert status.text() == "plan only, 1 warning"  # a model without weights
         assert "warning: offloaded modules hold 512 B of buffers" in status.toolTip()
     panel.show_trace("balanced")
     first = panel.trace_view.topLevelItem(0)
@@ -92,7 +92,8 @@ def test_without_warnings_the_status_says_ok(qtbot: Any, tiny_window: Any) -> No
     )
     assert all(not c.warnings for c in candidates)
     status_row = panel.table.rowCount() - 1
-    assert [panel.table.item(status_row, c).text() for c in range(4)] == ["ok"] * 4
+    # no warning count; "not here": the profile's GPUs are not this machine's
+    assert [panel.table.item(status_row, c).text() for c in range(4)] == ["not here"] * 4
 
 
 def test_after_compare_the_apply_buttons_and_the_trace_are_in_view(

@@ -83,33 +83,62 @@ def test_memory_plot_refreshes_at_least_10_hz_while_fed(qtbot, memory_plot: Memo
     assert time.monotonic() - start_s < 1.6
 
 
-def test_memory_plot_keeps_every_budget_line_in_view(qtbot, memory_plot: MemoryPlot) -> None:
+def test_memory_plot_keeps_near_budget_lines_in_view(qtbot, memory_plot: MemoryPlot) -> None:
     memory_plot.set_budgets({0: 24 * GIB, "cpu": 16 * GIB})
-    for k in range(5):  # the data peaks at 12 GiB, well under the 24 GiB GPU budget
+    for k in range(5):  # the worker's lines peak at 12 GiB, under both budgets
         memory_plot.append_sample(
-            float(k), {"worker rss": GIB, "cuda:0 allocated": 3 * GIB, "system available": 12 * GIB}
+            float(k), {"worker rss": GIB, "cuda:0 allocated": 12 * GIB, "system available": 9 * GIB}
         )
     memory_plot.refresh()
     _, (y_min, y_max) = memory_plot.plot_widget.getPlotItem().getViewBox().viewRange()
     assert set(memory_plot._budget_lines) == {"cuda:0", "cpu"}
     for line in memory_plot._budget_lines.values():
         assert y_min <= line.value() < y_max
-    memory_plot.set_budgets({"cpu": 40 * GIB})  # a new, larger budget: the range follows
+    assert memory_plot.off_scale == {} and memory_plot.off_scale_label.text() == ""
+    memory_plot.set_budgets({"cpu": 30 * GIB})  # a new, larger budget: the range follows
     memory_plot.refresh()
-    assert memory_plot.plot_widget.getPlotItem().getViewBox().viewRange()[1][1] > 40
+    assert memory_plot.plot_widget.getPlotItem().getViewBox().viewRange()[1][1] > 30
+
+
+def test_memory_plot_scales_to_the_data_and_marks_far_lines_off_scale(
+    qtbot, memory_plot: MemoryPlot
+) -> None:
+    """Issue 14 item 16: a 300 MiB worker under a 22 GiB budget was a flat line at the floor."""
+    memory_plot.set_budgets({"cpu": 22.2 * GIB})
+    for k in range(5):
+        memory_plot.append_sample(
+            float(k), {"worker rss": (0.25 + 0.01 * k) * GIB, "system available": 20.9 * GIB}
+        )
+    memory_plot.refresh()
+    view_box = memory_plot.plot_widget.getPlotItem().getViewBox()
+    y_max = view_box.viewRange()[1][1]
+    assert 0.29 < y_max <= 0.5  # the rss line (0.25-0.29 GiB) fills most of the height
+    assert memory_plot.off_scale == pytest.approx({"cpu budget": 22.2, "system available": 20.9})
+    text = memory_plot.off_scale_label.text()
+    assert (
+        "off scale" in text
+        and "cpu budget 22.2 GiB" in text
+        and "system available 20.9 GiB" in text
+    )
+    assert memory_plot.off_scale_label.isVisible()
+    # the worker grows to 10 GiB: both lines come within reach and are drawn on the scale
+    memory_plot.append_sample(5.0, {"worker rss": 10 * GIB, "system available": 11 * GIB})
+    memory_plot.refresh()
+    assert view_box.viewRange()[1][1] > 22.2
+    assert memory_plot.off_scale == {} and memory_plot.off_scale_label.text() == ""
 
 
 def test_hiding_a_series_refits_y_to_the_shown_ones(qtbot, memory_plot: MemoryPlot) -> None:
     memory_plot.set_budgets({"cpu": 2 * GIB})
     for k in range(5):
-        memory_plot.append_sample(float(k), {"worker rss": GIB, "system available": 20 * GIB})
+        memory_plot.append_sample(float(k), {"worker rss": GIB, "cuda:0 reserved": 20 * GIB})
     memory_plot.refresh()
     view_box = memory_plot.plot_widget.getPlotItem().getViewBox()
     assert view_box.viewRange()[1][1] >= 20
-    memory_plot.set_series_visible("system available", False)
+    memory_plot.set_series_visible("cuda:0 reserved", False)
     qtbot.waitUntil(lambda: view_box.viewRange()[1][1] < 5, timeout=2000)  # rss and budget
     assert view_box.viewRange()[1][1] > 2
-    memory_plot.set_series_visible("system available", True)
+    memory_plot.set_series_visible("cuda:0 reserved", True)
     qtbot.waitUntil(lambda: view_box.viewRange()[1][1] >= 20, timeout=2000)
 
 
@@ -184,7 +213,7 @@ def test_a_marker_before_the_first_sample_is_in_view(qtbot, memory_plot: MemoryP
 def test_budget_label_never_overlaps_a_marker_label(qtbot, memory_plot: MemoryPlot) -> None:
     memory_plot.set_budgets({"cpu": 8 * GIB})  # y range 0-10 GiB: the line at 80% height
     for k in range(41):
-        memory_plot.append_sample(float(k), {"worker rss": GIB})
+        memory_plot.append_sample(float(k), {"worker rss": 3 * GIB})  # 8 < 3 x 3: on the scale
     labels = ["load start", "load end", "infer #1", "infer #2", "verify #3", "unload"]
     for t_s, label in zip([1.0, 3.0, 12.0, 13.0, 22.0, 30.0], labels, strict=True):
         memory_plot.add_marker(t_s, label)  # one near 30% of the width, where the label was

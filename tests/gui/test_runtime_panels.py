@@ -6,6 +6,7 @@ worker process is exercised in test_load_flow.py.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -72,7 +73,11 @@ class ScriptedHost:
 
 
 @pytest.fixture
-def window(tiny_window: Any) -> Any:
+def window(tiny_window: Any, tiny_opened: Any) -> Any:
+    # the scripted host plays a load of the tiny model: give it a checkpoint to load, or the
+    # shared load check refuses it (a model without weights cannot load)
+    weighted = type(tiny_opened)(**{**vars(tiny_opened), "checkpoint": "scripted checkpoint"})
+    tiny_window.set_opened("tiny-lm", weighted, {"": "cpu"})
     panels = tiny_window.runtime_panels
     panels.bridge.host = ScriptedHost(panels.bridge._on_host_event)
     panels.controller.error_presenter = lambda *_: None  # recorded in controller.errors
@@ -294,19 +299,19 @@ def test_toolbar_cancel_during_a_run_stops_the_run(window, qtbot) -> None:
 def test_the_log_tab_tells_load_start_end_cancel_and_unload(window, qtbot) -> None:
     panels = window.runtime_panels
     log = window.log_view
-    request_id = _loaded(window, qtbot)
+    _loaded(window, qtbot)
     text = log.toPlainText()
-    assert f"load #{request_id} started: tiny-lm along a map of 1 entries on cpu" in text
-    assert f"load #{request_id} finished: TinyLM in 0.5 s, 2.78 KiB (2,848 bytes)" in text
+    assert "load #1 started: tiny-lm along a map of 1 entry on cpu" in text
+    assert "load #1 finished: TinyLM in 0.5 s, 2.78 KiB (2,848 bytes)" in text
     panels.unload_action.trigger()
     assert "unload requested" in log.toPlainText()
     panels.load_action.trigger()
     second = panels.controller.request_id
     panels.cancel_action.trigger()
-    assert f"load #{second}: cancel requested" in log.toPlainText()
+    assert "load #2: cancel requested" in log.toPlainText()  # loads count 1, 2: not requests
     with qtbot.waitSignal(panels.controller.load_failed, timeout=5000):
         panels.bridge.host.play(Failed(second, "load cancelled", kind="cancelled", job="load"))
-    assert f"load #{second} cancelled after" in log.toPlainText()
+    assert "load #2 cancelled after" in log.toPlainText()
     panels.load_action.trigger()
     with qtbot.waitSignal(panels.controller.load_failed, timeout=5000):
         panels.bridge.host.play(
@@ -315,10 +320,60 @@ def test_the_log_tab_tells_load_start_end_cancel_and_unload(window, qtbot) -> No
     assert "The model could not be loaded: shard.safetensors: truncated" in log.toPlainText()
 
 
-def test_inference_predicts_for_the_selected_hardware_profile(window, qtbot) -> None:
+def test_inference_predicts_for_the_machine_the_model_runs_on(window, qtbot) -> None:
     panels = window.runtime_panels
     _loaded(window, qtbot)
+    assert window.hardware_profile().name == "test-2x24g"  # a what-if profile is selected
     panels.inference_panel.run_button.click()
     assert panels.bridge.host.requests[-1][0] == "infer"
-    profile = window.hardware_profile()
-    assert panels.bridge.host.infer_options["profile"] == profile.to_dict()
+    # measured figures stand beside a prediction for the hardware the worker runs on (the
+    # detected machine, profile None), not for the what-if profile (issue 14's decision)
+    assert panels.bridge.host.infer_options["profile"] is None
+
+
+def test_loads_are_numbered_one_two_and_a_one_entry_map_says_entry(
+    window: Any, qtbot: Any, caplog: Any
+) -> None:
+    """Issue 14: the log numbered loads by request id (#1, #6, #8: runs and cancels count too)
+    and said "a map of 1 entries"."""
+    caplog.set_level(logging.INFO, logger="workbench.gui.load_panel")
+    panels = window.runtime_panels
+    _loaded(window, qtbot)
+    for _ in range(3):  # requests in between: inference runs
+        panels.bridge.host.infer("hello")
+    _loaded(window, qtbot)
+    started = [r.getMessage() for r in caplog.records if "started" in r.getMessage()]
+    assert [m.split(" started")[0] for m in started] == ["load #1", "load #2"]
+    assert "along a map of 1 entry on cpu" in started[0]
+    finished = [r.getMessage() for r in caplog.records if "finished" in r.getMessage()]
+    assert [m.split(" finished")[0] for m in finished] == ["load #1", "load #2"]
+
+
+def test_the_transfers_prediction_is_for_the_machine_the_worker_runs_on(
+    window: Any, qtbot: Any, test_profile: Any
+) -> None:
+    """Issue 14's decided question: beside measured figures, predict for the hardware the model
+    runs on and say so; a what-if profile's prediction carries the profile's name."""
+    panels = window.runtime_panels
+    assert window.hardware_profile().name == "test-2x24g"  # the toolbar: a what-if profile
+    _loaded(window, qtbot)
+
+    def legend_names() -> list[str]:
+        return [label.text for _, label in panels.transfer_plot.legend.items]
+
+    assert panels.runtime_hardware().name == "detected"
+    assert panels.transfer_plot.prediction  # the per-layer prediction is drawn
+    assert "predicted for this machine" in legend_names()
+    detected_disk = panels.runtime_hardware().disk_read_gbps
+    assert panels.transfer_plot.peaks_gbps.get("disk") == pytest.approx(detected_disk)
+
+    panels.runtime_profile = test_profile  # a worker said to run on the what-if hardware
+    _loaded(window, qtbot)
+    assert "predicted for test-2x24g" in legend_names()
+    assert "predicted for this machine" not in legend_names()
+
+
+def test_the_plan_time_prediction_names_the_what_if_profile(window: Any) -> None:
+    window.update_speed_prediction(wait=True)
+    assert window.speed_prediction is not None
+    assert window.speed_label.text().startswith("<b>Predicted for test-2x24g:</b> ")

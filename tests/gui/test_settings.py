@@ -30,7 +30,7 @@ def test_recent_models_newest_first_deduplicated_and_bounded(clean_settings) -> 
     assert recents.count("/models/m5") == 1
 
 
-def test_profile_budgets_geometry_and_splitters_survive_a_restart(
+def test_profile_geometry_and_splitters_survive_a_restart_but_edited_budgets_do_not(
     qtbot, main_window, test_profile
 ) -> None:
     window = main_window
@@ -45,7 +45,8 @@ def test_profile_budgets_geometry_and_splitters_survive_a_restart(
     again = MainWindow(profiles=[test_profile])
     qtbot.addWidget(again)
     again.show()
-    assert again.session.budgets == budgets
+    # only the profile carries over to the next launch: its budgets, not the edited ones
+    assert again.session.budgets == test_profile.budgets() != budgets
     assert again.hardware_profile().name == "test-2x24g"
     saved = app_settings.window_state(["main"])
     assert saved["geometry"] == window.saveGeometry()  # restored by restoreGeometry
@@ -103,7 +104,7 @@ def test_restore_bar_reopens_the_model_with_its_map(qtbot, main_window, whatif_c
     assert bar.isHidden()
 
 
-def test_restart_restores_geometry_splitter_profile_budgets_and_recent_models(
+def test_restart_restores_geometry_splitter_profile_and_recent_models(
     qtbot, clean_settings, test_profile
 ) -> None:
     from workbench.models.hardware import load_profile
@@ -132,22 +133,28 @@ def test_restart_restores_geometry_splitter_profile_budgets_and_recent_models(
     assert again.main_splitter.sizes() == sizes
     assert again.hardware_profile().name == "cpu-laptop-16gb"
     assert again.hardware_selector.currentText() == "cpu-laptop-16gb"
-    assert again.session.budgets == budgets and budgets["cpu"] == 12 * 1024**3
+    assert budgets["cpu"] == 12 * 1024**3  # edited, and not carried over: the profile's
+    assert again.session.budgets == laptop.budgets()
     assert [lane.device for lane in again.lanes.lanes] == ["cpu", "disk"]
     assert [a.text() for a in again.recent_menu.actions()] == ["/models/b", "/models/a"]
     again.close()
 
 
-def test_undoing_a_budget_edit_also_restores_the_saved_budgets(main_window) -> None:
+def test_settings_remember_the_profile_and_never_budgets(main_window, test_profile) -> None:
+    from workbench.models.hardware import load_profile
+
     window = main_window
     original = dict(window.session.budgets)
     window.budget_editor.spin_boxes[0].setValue(1.0)
-    assert app_settings.last_hardware() == ("test-2x24g", {**original, 0: 1024**3})
+    assert app_settings.last_hardware() == "test-2x24g"
+    assert not app_settings.app_settings().contains("hardware/budgets")
     window.undo_stack.undo()
     assert window.session.budgets == original
-    assert app_settings.last_hardware() == ("test-2x24g", original)
-    window.undo_stack.redo()
-    assert app_settings.last_hardware()[1][0] == 1024**3
+    laptop = load_profile("cpu-laptop-16gb")
+    window.set_hardware_profile(laptop)
+    assert app_settings.last_hardware() == "cpu-laptop-16gb"
+    window.undo_stack.undo()  # undo follows into the settings
+    assert app_settings.last_hardware() == "test-2x24g"
 
 
 def test_first_run_window_takes_most_of_the_screen_and_fits_it(main_window) -> None:

@@ -39,9 +39,10 @@ def drop_file(window: Any, path: Any) -> QDropEvent:
 
 def compare_strategies(qtbot: Any, window: Any, budgets: dict) -> list:
     """Set ``budgets`` (no reserve) in the planner panel, press Compare, return the candidates
-    once the comparison thread has finished."""
+    once the comparison thread has finished. The budgets go in as an edit of the panel's
+    editor (the session's budgets: one budget per device, one undo step)."""
     panel = window.planner_panel
-    panel.budget_editor.set_budgets(budgets)
+    panel.budget_editor.budgets_edited.emit(dict(budgets))
     panel.reserve_by_bytes.setChecked(True)
     panel.reserve_gib.setValue(0)
     with qtbot.waitSignal(panel.comparison_ready, timeout=30_000) as blocker:

@@ -61,7 +61,7 @@ def test_user_profiles_add_and_override(tmp_path: Path, monkeypatch) -> None:
     assert profile.budgets() == {0: 12 * 10**9, "cpu": 32 * GIB}
     assert profile.source == folder / "mine.json"
     assert "mine" in [p.name for p in list_profiles()]  # the broken file is skipped, not fatal
-    with pytest.raises(ProfileError, match=r"broken\.json is not readable JSON"):
+    with pytest.raises(ProfileError, match=r"broken\.json: not valid JSON \(line 1"):
         load_profile(folder / "broken.json")
 
 
@@ -116,7 +116,7 @@ def test_user_profiles_add_and_override(tmp_path: Path, monkeypatch) -> None:
         ),
         (
             {"devices": [{"device": "cpu", "memory": -4}]},
-            r", devices\[0\]: 'memory': memory size -4 is negative",
+            r", devices\[0\]: 'memory': -4 is not a memory size: negative",
         ),
         (
             {"devices": [{"device": "cpu", "memory": "8GiB", "free": "some"}]},

@@ -106,3 +106,56 @@ def test_open_model_cancellable_checks_the_token_first(tmp_path: Path) -> None:
         open_model_cancellable(str(folder), None, token)
     opened = open_model_cancellable(str(folder), None, CancelToken())
     assert opened.checkpoint is not None and type(opened.model).__name__ == "LlamaForCausalLM"
+
+
+def _tensor_count(folder: Path) -> int:
+    import json
+
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    return len(index["weight_map"])
+
+
+@pytest.mark.slow
+def test_a_cancelled_load_gives_every_byte_back(
+    events: Any, big_demo: Path, tmp_path: Path
+) -> None:
+    """Issue 14 item 8: after a cancel the worker used to keep most of what the load had read
+    (freed tensors stay in the allocator's arenas). The host now retires that process and starts
+    a fresh warm one, so the worker's memory drops back to an idle worker's."""
+    import psutil
+
+    host = WorkerHost(events, offload_root=tmp_path / "offload", cancel_grace_s=30.0)
+    try:
+        host.start()
+        assert host.wait_ready(120.0), "the worker never finished its imports"
+        idle_rss = psutil.Process(host.pid).memory_info().rss
+        # hold after three quarters of the tensors, cast to float32: ~70 MB read into the model
+        options = {"hold_after_tensors": _tensor_count(big_demo) * 3 // 4}
+        load_id = host.load(big_demo, {"": "cpu"}, dtype="float32", options=options)
+        events.wait_for(
+            lambda e: isinstance(e, Phase) and e.request_id == load_id and e.phase == "held"
+        )
+        loading = psutil.Process(host.pid)
+        held_rss = loading.memory_info().rss
+        assert held_rss - idle_rss > 40 * 2**20, (held_rss, idle_rss)
+        assert host.cancel()
+        final = events.final(load_id)
+        assert isinstance(final, Failed) and final.kind == "cancelled", final
+        assert host.state == "idle" and host.is_alive()
+        assert host.pid != loading.pid and host.retired_pids == [loading.pid]
+        host.wait_retired()
+        assert not psutil.pid_exists(loading.pid)  # exited and reaped: its memory is back
+        assert host.wait_ready(120.0)
+        after_rss = psutil.Process(host.pid).memory_info().rss
+        grown = held_rss - idle_rss
+        print(
+            f"worker rss: idle {idle_rss / 2**20:.0f} MiB, held {held_rss / 2**20:.0f} MiB, "
+            f"after cancel {after_rss / 2**20:.0f} MiB"
+        )
+        # a fresh idle worker: within a tenth of what the load had taken (import noise)
+        assert after_rss - idle_rss < grown / 10, (idle_rss, held_rss, after_rss)
+        again = host.load(big_demo, {"": "cpu"}, dtype="float32")  # the fresh worker loads
+        assert isinstance(events.final(again), Result)
+    finally:
+        host.shutdown()
+    assert host.state == "stopped"

@@ -146,8 +146,10 @@ def test_bad_source_then_cancel_mid_load_returns_fast_and_leaves_nothing(
     assert cancel_s < CANCEL_LIMIT_S
     assert not folder.exists()
     assert list((tmp_path / "offload").iterdir()) == []
-    assert host.state == "idle" and host.is_alive()  # cooperative: the same worker lives on
+    # cooperative, and the worker that held the half-loaded model was replaced by a fresh one
+    assert host.state == "idle" and host.is_alive()
     pid = host.pid
+    assert pid not in host.retired_pids and len(host.retired_pids) == 2  # the bad load too
 
     again = host.load(demo_dir, {"": "cpu"}, dtype="float32")
     assert isinstance(events.final(again), Result)

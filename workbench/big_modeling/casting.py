@@ -33,21 +33,14 @@ from torch import nn
 
 from workbench.big_modeling.casting_kernels import fp8_upcast_cpu_into, fp8_upcast_triton
 from workbench.big_modeling.casting_scratch import ScratchPool
+from workbench.big_modeling.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.hooks import ModelHook, add_hook_to_module
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_LAYER_CLASSES: tuple[type[nn.Module], ...] = (
-    nn.Linear,
-    nn.Conv1d,
-    nn.Conv2d,
-    nn.Conv3d,
-    nn.ConvTranspose1d,
-    nn.ConvTranspose2d,
-    nn.ConvTranspose3d,
-)
-"""Layers that get a hook; others (norms, embeddings) keep their dtype, as in the reference."""
+# The layers that get a hook (the reference's tuple); others keep their dtype.
+SUPPORTED_LAYER_CLASSES = SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 
 # Stock forwards: their output never aliases the weight, so the copy's buffer can be reused.
 _STOCK_FORWARDS = frozenset(cls.forward for cls in SUPPORTED_LAYER_CLASSES)
@@ -346,7 +339,7 @@ def attach_layerwise_casting_hooks(
         compute_dtype: dtype used for the forward (e.g. ``torch.bfloat16``).
         skip_modules_pattern: one regex string or a sequence of them (``"norm"`` is one
             pattern, not four characters). None skips nothing by name: norms are not hooked
-            anyway because only ``SUPPORTED_LAYER_CLASSES`` are. The reference's docstring
+            anyway because only ``SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING`` are. The reference's docstring
             says None applies casting "directly to the module"; like its implementation we
             still hook the supported layers inside it.
         skip_modules_classes: module classes (a class or a tuple) to skip.

@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import torch
 
 from workbench.big_modeling.errors import CheckpointError
+from workbench.big_modeling.json_files import read_json
 from workbench.big_modeling.pickled import load_pickled_state_dict
 from workbench.big_modeling.safetensors_header import read_safetensors_header
 
@@ -171,6 +171,7 @@ class CheckpointIndex:
             raise CheckpointError(
                 f"{index_file}: weight_map names {len(missing)} shard(s) that do not exist in {folder}: {', '.join(missing)}. Download the missing shards."
             )
+        _refuse_escaping_links(index_file, shards)
         partial = cls._from_files(source, shards, index_file=index_file)
         tensors: dict[str, TensorInfo] = {}
         absent: list[str] = []
@@ -236,19 +237,14 @@ def read_weight_map(index_file: Path) -> dict[str, str]:
             shard paths (all offenders listed, sorted).
     """
     try:
-        text = index_file.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise CheckpointError(
-            f"{index_file}: is a directory, expected an index JSON file"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{index_file}: cannot be read ({exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(
-            f"{index_file}: is not valid JSON ({exc}); re-download or regenerate the index"
-        ) from None
+        data = read_json(
+            index_file,
+            what="an index JSON file (a 'weight_map' of tensor name -> shard file)",
+            fix="Re-download or regenerate the index.",
+            error=CheckpointError,
+        )
+    except FileNotFoundError:
+        raise CheckpointError(f"{index_file}: no such file") from None
     if isinstance(data, dict) and "weight_map" in data:
         data = data["weight_map"]
     if not isinstance(data, dict) or not data:
@@ -266,6 +262,42 @@ def read_weight_map(index_file: Path) -> dict[str, str]:
             f"{index_file}: weight_map points outside the checkpoint folder (absolute or '..' paths are refused): {', '.join(escaping)}"
         )
     return data
+
+
+def _refuse_escaping_links(index_file: Path, shards: list[Path]) -> None:
+    """Refuse shards that are links resolving outside the index's folder.
+
+    ``..`` and absolute names are refused in the index itself; this closes the same door for
+    a shard that is a symbolic link. The Hugging Face cache is the one exception: its
+    snapshot files are links into the repository's ``blobs/``, so inside a
+    ``models--org--name/snapshots/REV/`` folder links may resolve anywhere under
+    ``models--org--name/``, and nowhere else.
+    """
+    folder = index_file.parent
+    root = _hf_cache_repo_root(folder) or folder
+    allowed = root.resolve()
+    escaping = []
+    for shard in shards:
+        target = shard.resolve()
+        if not target.is_relative_to(allowed):
+            escaping.append(f"{shard.name} -> {target}")
+    if escaping:
+        raise CheckpointError(
+            f"{index_file}: {len(escaping)} shard(s) are links that lead outside "
+            f"{root}: {', '.join(sorted(escaping)[:10])}. Copy the files into the folder "
+            "instead of linking them."
+        )
+
+
+def _hf_cache_repo_root(folder: Path) -> Path | None:
+    """``.../models--org--name`` when ``folder`` is inside one of its ``snapshots/REV/``."""
+    absolute = folder.absolute()
+    for ancestor in absolute.parents:
+        if ancestor.name == "snapshots" and ancestor.parent.name.startswith(
+            ("models--", "datasets--", "spaces--")
+        ):
+            return ancestor.parent
+    return None
 
 
 def _escapes_folder(shard: str) -> bool:

@@ -17,7 +17,7 @@ from workbench.big_modeling.errors import DeviceMapError
 
 
 def _shown(names: list[str], limit: int = 20) -> str:
-    names = sorted(names)
+    names = sorted(names, key=str)
     return ", ".join(names[:limit]) + (
         f", ... ({len(names) - limit} more)" if len(names) > limit else ""
     )
@@ -76,7 +76,8 @@ def check_map_keys(model: nn.Module, device_map: Mapping[str, object]) -> None:
     """Refuse keys of ``device_map`` that name no module, parameter or buffer of ``model``.
 
     Raises:
-        DeviceMapError: the unknown keys, listed sorted.
+        DeviceMapError: keys that are not strings (``{0: "cpu"}``), or the unknown keys,
+            listed sorted.
 
     Example:
         >>> import torch
@@ -85,6 +86,13 @@ def check_map_keys(model: nn.Module, device_map: Mapping[str, object]) -> None:
         ...
         workbench.big_modeling.errors.DeviceMapError: device_map names 1 modules the model does not have: 1. Check the spelling against model.named_modules().
     """
+    not_names = [key for key in device_map if not isinstance(key, str)]
+    if not_names:
+        shown = ", ".join(sorted(f"{key!r} ({type(key).__name__})" for key in not_names)[:20])
+        raise DeviceMapError(
+            f"device_map has {len(not_names)} keys that are not module names: {shown}. Keys are "
+            "dotted module names as strings ('model.layers.0', or '' for the whole model)."
+        )
     known = {name for name, _ in model.named_modules(remove_duplicate=False)}
     known.update(name for name, _ in model.named_parameters(remove_duplicate=False))
     known.update(name for name, _ in model.named_buffers(remove_duplicate=False))

@@ -9,6 +9,7 @@ canonical form keeps transformers' spelling: ``0`` for ``cuda:0``, ``"cpu"``, ``
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import torch
 
@@ -16,7 +17,10 @@ from workbench.big_modeling.errors import DeviceMapError
 
 DeviceValue = int | str | torch.device
 
-_INDEXED = re.compile(r"^(cuda|xpu|npu|mlu|hpu)(?::(\d+))?$")
+# ASCII digits only: str.isdigit() and \d also accept "\u00b2" and "\u0661" (Arabic one).
+# At most 9 digits, so int() never meets its 4300-digit limit.
+_INDEX = re.compile(r"[0-9]{1,9}", re.ASCII)
+_INDEXED = re.compile(r"(cuda|xpu|npu|mlu|hpu)(?::([0-9]{1,9}))?", re.ASCII)
 _PLAIN = {"cpu", "disk", "mps", "meta"}
 
 
@@ -45,9 +49,9 @@ def normalize_device(value: DeviceValue) -> int | str:
         text = value.strip().lower()
         if text in _PLAIN:
             return text
-        if text.isdigit():
+        if _INDEX.fullmatch(text):
             return int(text)
-        match = _INDEXED.match(text)
+        match = _INDEXED.fullmatch(text)
         if match:
             kind, index = match.group(1), int(match.group(2) or 0)
             return index if kind == "cuda" else f"{kind}:{index}"
@@ -83,3 +87,70 @@ def device_sort_key(value: DeviceValue) -> tuple[int, int, str]:
         return (0, canonical, "")
     rank = {"mps": 1, "cpu": 2, "disk": 3, "meta": 4}.get(canonical.split(":")[0], 1)
     return (rank, 0, canonical)
+
+
+def available_devices() -> list[int | str]:
+    """The devices this machine can hold weights on now: visible GPUs, mps, cpu, disk.
+
+    Example:
+        >>> available_devices()[-2:]
+        ['cpu', 'disk']
+    """
+    found: list[int | str] = []
+    if torch.cuda.is_available():
+        found.extend(range(torch.cuda.device_count()))
+    for kind in ("xpu", "npu", "mlu", "hpu"):
+        backend = getattr(torch, kind, None)
+        is_available = getattr(backend, "is_available", None)
+        try:
+            if is_available is not None and is_available():
+                found.extend(f"{kind}:{i}" for i in range(backend.device_count()))
+        except (RuntimeError, AttributeError):  # a backend stub that cannot count devices
+            continue
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        found.append("mps")
+    return [*found, "cpu", "disk"]
+
+
+def check_devices_available(
+    device_map: Mapping[str, DeviceValue], *, allow_meta: bool = False
+) -> None:
+    """Check that every device ``device_map`` names exists on this machine, before loading.
+
+    ``"meta"`` is refused unless ``allow_meta``: weights loaded there hold no data, so the model
+    cannot run (the engine's loader allows it, as the reference does, to skip modules; the app
+    and the CLI refuse it). Planning never calls this (what-if maps for other machines are
+    fine); loading does.
+
+    Raises:
+        DeviceMapError: naming each key and device this machine lacks (sorted) and the devices
+            it has, or a value that is not a device.
+
+    Example:
+        >>> check_devices_available({"": "cpu", "lm_head": "disk"})
+        >>> check_devices_available({"": "cuda:99"})  # doctest: +SKIP
+        Traceback (most recent call last):
+        ...
+        DeviceMapError: device_map names 1 device this machine does not have: '' -> cuda:99. ...
+    """
+    have = available_devices()
+    have_set = set(have) | ({"meta"} if allow_meta else set())
+    missing = []
+    for key, value in device_map.items():
+        device = normalize_device(value)
+        if device not in have_set:
+            missing.append(f"{key!r} -> {device_label(device)}")
+    if not missing:
+        return
+    listed = ", ".join(sorted(missing)[:20]) + (
+        f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+    )
+    note = "" if torch.cuda.is_available() else " (no CUDA GPU is visible to torch)"
+    if not allow_meta:
+        note += "; 'meta' holds no data, so a model there cannot run"
+    raise DeviceMapError(
+        f"device_map names {len(missing)} device(s) this machine does not have: {listed}. "
+        f"This machine has {', '.join(device_label(d) for d in have)}{note}. Edit the map or "
+        "plan it again for this machine."
+    )

@@ -30,7 +30,11 @@ from workbench.big_modeling.device_coverage import (
     tied_parameter_groups,
     uncovered_owners,
 )
-from workbench.big_modeling.devices import normalize_device, to_torch_device
+from workbench.big_modeling.devices import (
+    check_devices_available,
+    normalize_device,
+    to_torch_device,
+)
 from workbench.big_modeling.errors import CheckpointError, DeviceMapError
 from workbench.big_modeling.hooks import add_hook_to_module
 from workbench.big_modeling.offload_hooks import (
@@ -103,7 +107,8 @@ def dispatch_model(
             whose only uncovered tensors are non-persistent buffers (rotary ``inv_freq``) run
             on the main device, their buffers moved there once.
         main_device: where inputs go and offloaded blocks run; default: the first device of
-            the map that is not cpu/disk, else ``"cpu"``.
+            the map that is not cpu/disk, else ``"cpu"`` (so an all-``"disk"`` map runs on
+            the CPU, as in the reference).
         state_dict: CPU copies of the ``"cpu"`` blocks' tensors (taken from the model when None).
         offload_dir: folder of the ``"disk"`` blocks' tensors; when it has no ``index.json``,
             they are offloaded there now.
@@ -120,8 +125,8 @@ def dispatch_model(
         The model, with ``model.hf_device_map`` set (normalised device values).
 
     Raises:
-        DeviceMapError: the map misses tensors, names unknown modules or devices, puts the
-            whole model on ``"disk"``, or has disk entries without an offload folder/index.
+        DeviceMapError: the map misses tensors, names unknown modules or devices, or has
+            disk entries without an offload folder/index.
         CheckpointError: tensors still on ``meta`` that no offload source provides.
 
     Example:
@@ -134,8 +139,10 @@ def dispatch_model(
     device_map = {key: normalize_device(value) for key, value in device_map.items()}
     main = _main_device(device_map, main_device)
     placement = covering_devices(model, device_map, non_persistent_device=main)
+    check_devices_available(device_map, allow_meta=True)  # cuda:99 named, not an assert
     devices = set(device_map.values())
-    if len(devices) > 1 or force_hooks:
+    # As the reference: a "disk" entry always needs hooks; an all-disk map runs on the CPU.
+    if len(devices) > 1 or "disk" in devices or force_hooks:
         _dispatch_with_hooks(
             model,
             device_map,
@@ -151,11 +158,6 @@ def dispatch_model(
         )
     else:
         (device,) = devices
-        if device == "disk":
-            raise DeviceMapError(
-                "device_map puts the whole model on 'disk'; use disk_offload(model, offload_dir) "
-                "or give at least one module an execution device."
-            )
         on_meta = [name for name, tensor in _named_tensors(model) if tensor.device.type == "meta"]
         if on_meta and device != "meta":
             raise _meta_error(on_meta, f"mapped to {device!r}")

@@ -6,14 +6,19 @@ Inside the block, every parameter a module registers is moved to the target devi
 usable — and follow the parameters with ``include_buffers=True``, in which case a
 ``torch.device`` context also puts every factory call (``torch.empty``, ``torch.arange``) there.
 
-The patch is process-wide (``nn.Module.register_parameter``) for the duration of the block, as in
-Accelerate; build models in one thread at a time. Everything is restored on exit, exceptions
-included, and blocks nest.
+With ``include_buffers=True`` the block is only a ``torch.device`` context (thread-local), as the
+reference does on torch >= 2.0: ``nn.Module.register_parameter``/``register_buffer`` are left
+untouched. Without it, ``nn.Module.register_parameter`` is wrapped while any block is open (as
+in the reference), but the wrapper acts only in the threads that opened a block, each on its own
+innermost device, so a GUI or worker thread building a real model at the same time is not
+affected. Everything is restored when the last block closes, exceptions included, and blocks
+nest.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -65,39 +70,85 @@ def init_on_device(device: DeviceValue, include_buffers: bool | None = None) -> 
         True
     """
     target = device if isinstance(device, torch.device) else to_torch_device(device)
-    include_buffers = bool(include_buffers)
-    # Nested blocks call the unpatched methods, so the innermost device wins.
-    original_register_parameter = _unwrapped(nn.Module.register_parameter)
-    original_register_buffer = _unwrapped(nn.Module.register_buffer)
+    targets = _thread_targets()
+    with contextlib.ExitStack() as stack:
+        targets.append(target)
+        stack.callback(targets.pop)
+        if include_buffers:
+            # The reference on torch >= 2.0: a device context (thread-local), nothing patched.
+            stack.enter_context(target)
+        else:
+            stack.enter_context(_REGISTER_PARAMETER_PATCH.held())
+        if target.type == "meta":
+            stack.enter_context(_INIT_PATCH.held())
+        yield
+
+
+_local = threading.local()
+
+
+def _thread_targets() -> list[torch.device]:
+    """This thread's open blocks, innermost last."""
+    targets = getattr(_local, "targets", None)
+    if targets is None:
+        targets = _local.targets = []
+    return targets
+
+
+class _SharedPatch:
+    """Patches applied while at least one block (in any thread) holds them; a lock keeps two
+    threads from interleaving the install and the restore."""
+
+    def __init__(self, install: Callable[[], list[tuple[object, str, Any]]]) -> None:
+        self._install = install
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved: list[tuple[object, str, Any]] = []
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = self._install()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0:
+                    for owner, name, original in reversed(self._saved):
+                        setattr(owner, name, original)
+                    self._saved = []
+
+
+def _install_register_parameter() -> list[tuple[object, str, Any]]:
+    original = vars(nn.Module)["register_parameter"]
 
     def register_parameter(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original_register_parameter(self, name, param)
-        if param is not None and param.device != target:
-            self._parameters[name] = _moved_parameter(param, target)
+        original(self, name, param)
+        targets = getattr(_local, "targets", None)
+        if targets and param is not None and param.device != targets[-1]:
+            self._parameters[name] = _moved_parameter(param, targets[-1])
 
-    def register_buffer(
-        self: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
-    ) -> None:
-        original_register_buffer(self, name, tensor, persistent=persistent)
-        if tensor is not None and tensor.device != target:
-            self._buffers[name] = tensor.to(target)
+    register_parameter._workbench_original = original  # type: ignore[attr-defined]
+    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+    return [(nn.Module, "register_parameter", original)]
 
-    register_parameter._workbench_original = original_register_parameter  # type: ignore[attr-defined]
-    register_buffer._workbench_original = original_register_buffer  # type: ignore[attr-defined]
-    with contextlib.ExitStack() as stack:
-        if include_buffers:
-            # Factory calls (torch.empty/arange in __init__) go straight to the device.
-            stack.enter_context(target)
-        stack.enter_context(_patched(nn.Module, "register_parameter", register_parameter))
-        if include_buffers:
-            stack.enter_context(_patched(nn.Module, "register_buffer", register_buffer))
-        if target.type == "meta":
-            for name in _INIT_FUNCTIONS:
-                if hasattr(nn.init, name):
-                    stack.enter_context(
-                        _patched(nn.init, name, skip_on_meta(getattr(nn.init, name)))
-                    )
-        yield
+
+def _install_init_skips() -> list[tuple[object, str, Any]]:
+    saved = []
+    for name in _INIT_FUNCTIONS:
+        function = vars(nn.init).get(name)
+        if function is not None:
+            saved.append((nn.init, name, function))
+            setattr(nn.init, name, skip_on_meta(function))
+    return saved
+
+
+_REGISTER_PARAMETER_PATCH = _SharedPatch(_install_register_parameter)
+# Skipping init on meta tensors changes nothing for real tensors, so other threads are safe.
+_INIT_PATCH = _SharedPatch(_install_init_skips)
 
 
 # Random initialisation of a meta tensor computes nothing but still costs a dispatch through
@@ -149,14 +200,3 @@ def _moved_parameter(param: nn.Parameter, target: torch.device) -> nn.Parameter:
     # Parameter subclasses (quantised params) take their attributes as constructor kwargs.
     extra["requires_grad"] = param.requires_grad
     return param_cls(moved, **extra)
-
-
-@contextlib.contextmanager
-def _patched(owner: object, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
-    """Set ``owner.name = replacement`` for the block; restore the original on any exit."""
-    original = vars(owner)[name]
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)

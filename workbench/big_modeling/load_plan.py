@@ -17,6 +17,7 @@ dtype rules (documented choice, following the reference where it speaks):
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -271,13 +272,20 @@ def plan_load(
 
 
 def warn_key_differences(plan: LoadPlan, source: object, model: nn.Module) -> None:
-    """Warn (sorted names) about missing and unexpected keys of a non-strict load."""
+    """Report (sorted names) the unexpected and missing keys of a non-strict load.
+
+    Unexpected keys are logged (``logging.WARNING``, as the reference does: "were not used
+    when initializing"); missing keys warn (``UserWarning``), since they leave tensors unloaded.
+    """
     name = type(model).__name__
     if plan.unexpected_keys:
-        warnings.warn(
-            f"{source}: {len(plan.unexpected_keys)} checkpoint tensor(s) are not in {name} and were skipped: "
-            f"{first_names(plan.unexpected_keys)}",
-            stacklevel=3,
+        logging.getLogger(__name__).warning(
+            "%s: %d checkpoint tensor(s) were not used when initializing %s (it has no such "
+            "tensors) and were skipped: %s",
+            source,
+            len(plan.unexpected_keys),
+            name,
+            first_names(plan.unexpected_keys),
         )
     if plan.missing_keys:
         warnings.warn(

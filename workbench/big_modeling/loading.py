@@ -19,7 +19,7 @@ from torch import nn
 
 from workbench.big_modeling.checkpoint import CheckpointIndex
 from workbench.big_modeling.device_coverage import check_map_keys
-from workbench.big_modeling.devices import DeviceValue
+from workbench.big_modeling.devices import DeviceValue, check_devices_available
 from workbench.big_modeling.errors import DeviceMapError
 from workbench.big_modeling.load_exec import LoadExecutor, LoadResult
 from workbench.big_modeling.load_plan import (
@@ -137,6 +137,7 @@ def load_checkpoint_in_model(
     normalized = None if device_map is None else normalize_device_map(device_map)
     if normalized is not None:
         check_map_keys(model, normalized)  # a misspelt key fails before any file is read
+        check_devices_available(normalized, allow_meta=True)  # cuda:99 named, not an assert
     if broadcast_from_rank0:
         from workbench.big_modeling.distributed import broadcast_index, broadcast_source
 

@@ -12,9 +12,14 @@ into an existing safetensors file, served memory-mapped by ``safe_open``::
     {"h.1.weight": {"dtype": "float16", "shape": [64, 64],
                     "safetensors_file": "/abs/model.safetensors", "weight_name": "h.1.weight"}}
 
-The index is the commit point: data files are written first (under temporary names, renamed in
-place), the index last and atomically, so a failure (full disk, cancel) never leaves an index
-that names missing or half-written data. Raw-file names can never escape the folder.
+Entries of raw files also name the commit that wrote them (``"generation"``, ignored by
+Accelerate's reader). The index is the commit point: data files are written first (under
+temporary names, renamed in place), the index last and atomically, so a failure (full disk,
+cancel) never leaves an index that names missing or half-written data. A kill (SIGKILL, OOM, power) mid-commit is repaired the
+next time the folder is opened (``load_offload_index``, any writer): a journal written before
+the first rename says which files to put back or, when the new index had landed, to drop (see
+``workbench.big_modeling.file_swap``), so the index never names a mix of two loads' bytes.
+Raw-file names can never escape the folder.
 """
 
 from __future__ import annotations
@@ -32,9 +37,13 @@ from typing import Any
 
 import torch
 
-from workbench.big_modeling.atomic import atomic_path
 from workbench.big_modeling.errors import CheckpointError, OffloadError
-from workbench.big_modeling.file_swap import drop_kept, put_back, swap_in
+from workbench.big_modeling.file_swap import (
+    commit_files,
+    recover_interrupted_commit,
+    sweep_leftovers,
+)
+from workbench.big_modeling.json_files import read_json
 from workbench.big_modeling.progress import CancelToken, LoadProgress, ProgressCallback
 
 logger = logging.getLogger(__name__)
@@ -158,22 +167,26 @@ def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, dict
         ``{name: {"dtype", "shape"[, "safetensors_file", "weight_name"]}}``; ``{}`` when the
         folder has no index yet.
 
+    A commit that was killed midway is finished or rolled back first (logged as a warning).
+
     Raises:
         CheckpointError: malformed JSON, unknown dtypes, bad shapes, names escaping the folder,
             or pointers to missing safetensors files; the message names the file and the key.
+            Also an interrupted commit that cannot be repaired (a read-only folder).
 
     Example:
         >>> index = load_offload_index("offload")  # doctest: +SKIP
     """
+    repair_offload_folder(offload_folder)
     path = Path(offload_folder) / INDEX_NAME
     if not path.is_file():
         return {}
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(
-            f"{path}: not valid JSON ({exc}); delete the folder and offload again."
-        ) from exc
+    index = read_json(
+        path,
+        what="an offload index (a JSON object of weight entries)",
+        fix="Delete the folder and offload again.",
+        error=CheckpointError,
+    )
     if not isinstance(index, dict):
         raise CheckpointError(f"{path}: expected a JSON object of weight entries.")
     for key, info in index.items():
@@ -181,6 +194,25 @@ def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, dict
         if info.get("safetensors_file") is None:
             raw_weight_path(offload_folder, key, where=str(path))
     return index
+
+
+def repair_offload_folder(offload_folder: str | os.PathLike[str], *, sweep: bool = False) -> None:
+    """Finish or undo a commit that a kill interrupted; with ``sweep``, drop every leftover.
+
+    ``sweep`` is for writers opening the folder: hidden ``.tmp``/``.old`` files there are a
+    killed writer's (this one has written nothing yet).
+
+    Raises:
+        CheckpointError: the interrupted commit cannot be repaired (see the message).
+    """
+    folder = Path(offload_folder)
+    if not folder.is_dir():
+        return
+    done = recover_interrupted_commit(folder)
+    if done is not None:
+        logger.warning("offload folder %s: %s", folder, done)
+    if sweep and (count := sweep_leftovers(folder)):
+        logger.warning("offload folder %s: removed %d files a killed writer left", folder, count)
 
 
 def _stage_raw_file(
@@ -277,20 +309,33 @@ def save_offload_index(
     _commit(folder, _merged_index(folder, index), staged=[])
 
 
+def commit_offload(
+    folder: Path, entries: Mapping[str, Any], staged: list[tuple[Path, Path]]
+) -> None:
+    """Merge ``entries`` into the index and swap ``staged`` ``(tmp, final)`` files in, kill-safe.
+
+    Raises:
+        CheckpointError: the existing index or an entry is malformed (nothing changed).
+        OffloadError: a rename or the index write failed (the old files are back).
+    """
+    _commit(folder, _merged_index(folder, entries), staged)
+
+
 def _commit(folder: Path, merged: dict[str, Any], staged: list[tuple[Path, Path]]) -> None:
     """Swap staged data files into place and write the index; the index lands last.
 
-    Until it has, each replaced file is kept aside and put back when anything fails, so the
-    previous index always names the bytes it described.
+    Until it has, each replaced file is kept aside and put back when anything fails (or, after
+    a kill, at the next open), so the previous index always names the bytes it described.
     """
-    moved: list[tuple[Path, Path | None]] = []
+    if staged:  # the entries of rewritten files name this commit, so two loads' indexes differ
+        generation = uuid.uuid4().hex
+        for _tmp, final in staged:
+            name = final.name.removesuffix(DATA_SUFFIX)
+            if name in merged:
+                merged[name] = {**merged[name], "generation": generation}
     try:
-        with atomic_path(folder / INDEX_NAME) as tmp_index:
-            tmp_index.write_text(json.dumps(merged, indent=2), encoding="utf-8")
-            for tmp, final in staged:
-                moved.append((final, swap_in(tmp, final)))
+        commit_files(staged, folder / INDEX_NAME, json.dumps(merged, indent=2))
     except BaseException as exc:
-        put_back(moved)
         if isinstance(exc, OSError) and not isinstance(exc, (CheckpointError, OffloadError)):
             raise OffloadError(
                 exc.errno or errno.EIO,
@@ -298,7 +343,6 @@ def _commit(folder: Path, merged: dict[str, Any], staged: list[tuple[Path, Path]
                 "and its files are unchanged. Free disk space or choose another offload folder.",
             ) from exc
         raise
-    drop_kept(moved)
 
 
 def offload_state_dict(
@@ -337,6 +381,7 @@ def offload_state_dict(
             exc.errno or errno.EIO,
             f"cannot create offload folder {folder}: {exc.strerror or exc}; choose another folder.",
         ) from exc
+    repair_offload_folder(folder, sweep=True)
     total_nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())
     done_nbytes = 0
     staged: list[tuple[Path, Path]] = []

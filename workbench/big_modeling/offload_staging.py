@@ -9,8 +9,10 @@ Data is staged under temporary names. ``commit()`` sets aside the previous load'
 same names (hard links, no data copied), renames the new files into place and merges the entries
 into ``index.json`` atomically, last. If any of that fails, the set-aside files are put back, so
 the previous index still names files holding the previous bytes; they are dropped only once the
-new index is in place. ``abort()`` (on an error, a full disk or a cancel) removes every staged
-file, and the offload folder itself when this load created it.
+new index is in place. A kill midway is repaired from the commit journal when the folder is next
+opened (``OffloadStager.open`` and every reader; see ``workbench.big_modeling.file_swap``), and
+``open`` also sweeps what a killed writer left. ``abort()`` (on an error, a full disk or a
+cancel) removes every staged file, and the offload folder itself when this load created it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ import torch
 
 from workbench.big_modeling.checkpoint import TensorInfo
 from workbench.big_modeling.errors import OffloadError
-from workbench.big_modeling.file_swap import drop_kept, put_back, swap_in
-from workbench.big_modeling.offload import dtype_name, raw_weight_path, save_offload_index
+from workbench.big_modeling.offload import (
+    commit_offload,
+    dtype_name,
+    raw_weight_path,
+    repair_offload_folder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +153,9 @@ class OffloadStager:
     def open(cls, folder: str | os.PathLike[str] | None) -> OffloadStager:
         """``prepare_offload_folder(folder)`` and a stager remembering what it had to create."""
         created = None if folder is None else _first_missing(Path(folder))
-        return cls(prepare_offload_folder(folder), created=created)
+        path = prepare_offload_folder(folder)
+        repair_offload_folder(path, sweep=True)  # a killed load's half commit and leftovers
+        return cls(path, created=created)
 
     def point_into(self, name: str, info: TensorInfo) -> None:
         """Record ``name`` as a zero-copy pointer into ``info``'s safetensors file."""
@@ -177,13 +185,10 @@ class OffloadStager:
             OffloadError: renaming or writing the index failed; the folder is as it was.
             CheckpointError: the existing ``index.json`` is malformed; the folder is as it was.
         """
-        moved: list[tuple[Path, Path | None]] = []  # (final, the old file set aside or None)
         try:
-            for tmp, final in self._staged:
-                moved.append((final, swap_in(tmp, final)))
-            save_offload_index(self.entries, self.folder)
+            if self.entries or self._staged:
+                commit_offload(self.folder, self.entries, self._staged)
         except BaseException as exc:
-            put_back(moved)
             self.abort()
             if isinstance(exc, OSError) and not isinstance(exc, OffloadError):
                 raise OffloadError(
@@ -194,7 +199,6 @@ class OffloadStager:
             raise
         self._staged = []
         self.created = None  # the folder now holds this load's index: never remove it
-        drop_kept(moved)
 
     def abort(self) -> None:
         """Remove every staged file (and the folder if this load created it); idempotent."""

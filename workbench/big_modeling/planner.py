@@ -97,7 +97,10 @@ def infer_auto_device_map(
         verbose: log (``logging.INFO``) why each module went where.
         clean_result: merge submodules placed on one device into their parent's key.
         offload_buffers: buffers of offloaded modules are offloaded too; if ``False`` (default)
-            they stay on the execution device, and a warning says when they may not fit.
+            they stay on the execution device, and a ``UserWarning`` says when they fit no GPU
+            (counting what each GPU holds and the room it keeps for offloaded layers, as the
+            reference does). A device left empty for lack of memory is logged (INFO,
+            "insufficient memory", with the bytes it would need).
         fallback_allocation: when the next module does not fit an empty device, place the first
             module (depth first) that does.
         reserve: extra keyword: bytes per device kept free for activations and KV cache
@@ -311,7 +314,12 @@ def _plan(
     if clean_result:
         device_map = clean_device_map(device_map)
     if not offload_buffers:
-        _warn_offloaded_buffers(outcome.offloaded_buffer_nbytes, capacities, outcome.used_nbytes)
+        held = {
+            device: nbytes + outcome.reserved_nbytes.get(device, 0)
+            for device, nbytes in outcome.used_nbytes.items()
+        }
+        _warn_offloaded_buffers(outcome.offloaded_buffer_nbytes, capacities, held)
+    _log_unfilled_devices(outcome.unfilled_nbytes)
     per_device = {device: nbytes for device, nbytes in outcome.used_nbytes.items() if nbytes}
     trace = [
         Placement(record.name, record.device, record.nbytes, record.reason)
@@ -327,9 +335,28 @@ def _override_sizes(index: ModuleIndex, module_sizes: Mapping[str, int]) -> None
             index.sizes[position] = int(nbytes)
 
 
+def _log_unfilled_devices(unfilled: Mapping[Device, int]) -> None:
+    """Log (INFO, as the reference) the devices that got nothing and what they would need."""
+    if not unfilled:
+        return
+    needs = "; ".join(
+        f"{device_label(device)}: {format_nbytes(nbytes)} ({nbytes} B) required"
+        for device, nbytes in unfilled.items()
+    )
+    logger.info(
+        "no module could be placed on %d device(s) because of insufficient memory: %s. The first "
+        "module tried there (with the room kept for the largest offloaded layer) needed that "
+        "much; give those devices at least as much, or pass fallback_allocation=True.",
+        len(unfilled),
+        needs,
+    )
+
+
 def _warn_offloaded_buffers(
     buffer_nbytes: int, capacities: Mapping[Device, int | None], used: Mapping[Device, int]
 ) -> None:
+    """Warn when the buffers of offloaded modules (they stay on the execution device) fit no
+    GPU: ``used`` counts what each GPU holds plus the room kept there for offloaded layers."""
     gpus = [d for d in capacities if d not in ("cpu", "disk")]
     if not buffer_nbytes or not gpus:
         return

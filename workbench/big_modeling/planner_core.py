@@ -57,6 +57,10 @@ class PassResult:
     records: list[PlacementRecord] = field(default_factory=list)
     used_nbytes: dict[Device, int] = field(default_factory=dict)
     offloaded_buffer_nbytes: int = 0
+    # room kept for the largest later layer on each device the pass left (reference: "reserved")
+    reserved_nbytes: dict[Device, int] = field(default_factory=dict)
+    # devices the pass left empty -> the bytes the first module it tried there needed
+    unfilled_nbytes: dict[Device, int] = field(default_factory=dict)
 
 
 def run_placement(
@@ -291,6 +295,9 @@ class _Pass:
             if self.explain:
                 why = self._no_fit_text(item, nbytes_with_ties, room)
                 self.rejections.setdefault(item, []).append(why)
+            self.result.reserved_nbytes[device] = layer_room
+            if used == 0:
+                self.result.unfilled_nbytes[device] = nbytes_with_ties + layer_room
             device_number += 1
             if device_number == len(self.devices):
                 raise self._out_of_room(item, nbytes_with_ties)

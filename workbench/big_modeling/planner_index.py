@@ -30,15 +30,29 @@ _SUB_BYTE_BITS = {f"int{bits}": bits for bits in range(1, 8)} | {
 
 
 def dtype_byte_size(dtype: torch.dtype) -> int | float:
-    """Bytes one element of ``dtype`` takes in memory.
+    """Bytes per element of ``dtype``, as the reference counts them.
 
     Sub-byte integer dtypes (``torch.uint4``, ``torch.int2``...) give fractions (``0.5``);
     fp8 dtypes give ``1``; packed dtypes such as ``torch.float4_e2m1fn_x2`` give the bytes of one
-    packed element (``1``). ``torch.bool`` gives ``1`` because PyTorch stores one byte per bool.
+    packed element (``1``); ``torch.bool`` gives ``1/8`` (one bit), as in the reference. The
+    planner's own accounting uses ``element_nbytes``, which counts the byte PyTorch really
+    stores per bool.
 
     Example:
-        >>> dtype_byte_size(torch.bfloat16), dtype_byte_size(torch.uint4)
-        (2, 0.5)
+        >>> dtype_byte_size(torch.bfloat16), dtype_byte_size(torch.uint4), dtype_byte_size(torch.bool)
+        (2, 0.5, 0.125)
+    """
+    if dtype == torch.bool:
+        return 1 / 8
+    return element_nbytes(dtype)
+
+
+def element_nbytes(dtype: torch.dtype) -> int | float:
+    """Bytes one element of ``dtype`` takes in memory (``torch.bool``: 1, its real storage).
+
+    Example:
+        >>> element_nbytes(torch.bool), element_nbytes(torch.uint4)
+        (1, 0.5)
     """
     bits = _SUB_BYTE_BITS.get(str(dtype).removeprefix("torch."))
     if bits is not None:
@@ -288,7 +302,7 @@ class ModuleIndex:
     def itemsize_for(self, stored: torch.dtype) -> int | float:
         """Bytes per element once loaded: floating tensors take ``dtype``, others their own."""
         if self.dtype_nbytes is None or not (stored.is_floating_point or stored.is_complex):
-            return dtype_byte_size(stored)
+            return element_nbytes(stored)
         return self.dtype_nbytes
 
     def _special_itemsize(self, owner: int, attr: str) -> int | float | None:

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import logging
 import mmap
 import os
 import queue
-import struct
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from workbench.big_modeling.safetensors_header import read_safetensors_header
 
 if TYPE_CHECKING:
     from workbench.big_modeling.align_hook import AlignDevicesHook
@@ -41,17 +41,11 @@ def _safetensors_offsets(
     """``{tensor name: (absolute offset, nbytes)}`` from a safetensors header (read once)."""
     found = cache.get(path)
     if found is None:
-        with open(path, "rb") as handle:
-            (header_nbytes,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(header_nbytes))
-        base = 8 + header_nbytes
+        # the one header reader: its 100 MiB cap, JSON limits and layout checks apply here too
+        header = read_safetensors_header(path)
         found = {
-            name: (
-                base + info["data_offsets"][0],
-                info["data_offsets"][1] - info["data_offsets"][0],
-            )
-            for name, info in header.items()
-            if name != "__metadata__"
+            name: (header.data_start + entry.data_offsets[0], entry.nbytes)
+            for name, entry in header.entries.items()
         }
         cache[path] = found
     return found

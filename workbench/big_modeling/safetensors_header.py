@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from workbench.big_modeling.errors import CheckpointError, first_names
+from workbench.big_modeling.json_files import parse_json
 
 # safetensors refuses headers above 100 MB; so do we (a corrupt length would otherwise allocate).
 MAX_HEADER_NBYTES = 100 * 1024 * 1024
@@ -142,12 +142,14 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
 
 def parse_safetensors_header(file: Path, raw: bytes, file_nbytes: int) -> SafetensorsHeader:
     """Validate the JSON ``raw`` read from ``file`` (of ``file_nbytes`` bytes). See above."""
-    try:
-        decoded = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _fail(
-            file, f"header is not valid JSON ({exc})", "The file is corrupt; re-download it."
-        ) from None
+    decoded = parse_json(
+        raw,
+        source=f"{file} header",
+        what="a safetensors header (a JSON object of tensor name -> dtype, shape, offsets)",
+        fix="The file is corrupt; re-download it.",
+        error=CheckpointError,
+        max_depth=8,  # the format nests 3 levels
+    )
     if not isinstance(decoded, dict):
         raise _fail(file, f"header is a JSON {type(decoded).__name__}, expected an object")
     metadata = decoded.pop("__metadata__", None) or {}

@@ -8,8 +8,11 @@ that looks at real hardware.
 from __future__ import annotations
 
 import logging
+import math
 import re
+import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +26,8 @@ from workbench.big_modeling.planner_index import (
 )
 
 __all__ = [
+    "MAX_SIZE_NBYTES",
+    "SizeUnitWarning",
     "compute_module_sizes",
     "compute_module_total_buffer_size",
     "convert_file_size_to_int",
@@ -51,7 +56,52 @@ _UNITS = {
     "tib": 2**40,
 }
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-_SIZE_TEXT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+# ASCII digits only (\d would take "\u0661"). A 400-digit number reads as float inf, which
+# _checked_nbytes refuses by name (it was an OverflowError from int(inf)).
+_SIZE_TEXT = re.compile(
+    r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$", re.IGNORECASE | re.ASCII
+)
+MAX_SIZE_NBYTES = 2**60  # 1 EiB: far above any device, far below int64 and float precision
+_warned_lower_b = False
+
+
+class SizeUnitWarning(UserWarning):
+    """A size unit that means something else in the reference (``"10gb"`` is bits there)."""
+
+
+def _size_error(size: object, problem: str) -> BadInputError:
+    shown = (
+        repr(size) if len(repr(size)) <= 40 else f"{repr(size)[:30]}... ({len(repr(size))} chars)"
+    )
+    return BadInputError(
+        f"{shown} is not a memory size: {problem}. Use bytes (an int) or a number with a unit: "
+        "KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), e.g. '24GiB', '1.5 GB'"
+    )
+
+
+def _checked_nbytes(size: object, nbytes: float) -> int:
+    if math.isnan(nbytes):
+        raise _size_error(size, "not a number (NaN)")
+    if nbytes < 0:
+        raise _size_error(size, "negative; use 0 or more bytes")
+    if nbytes > MAX_SIZE_NBYTES:  # inf included
+        raise _size_error(size, "above the limit of 1 EiB (2**60 bytes)")
+    return int(nbytes)
+
+
+def _warn_lower_case_bits(size: str, unit: str) -> None:
+    global _warned_lower_b
+    if _warned_lower_b or len(unit) != 2 or unit[-1] != "b" or unit[0].lower() not in "kmgt":
+        return
+    _warned_lower_b = True
+    prefix = unit[0].upper()
+    warnings.warn(
+        f"memory size {size!r} is read as {prefix}B (bytes); in Accelerate a lower-case 'b' "
+        f"means bits, 8 times less. Write '{prefix}B' or '{prefix}iB' to mean the same in both. "
+        "(Shown once.)",
+        SizeUnitWarning,
+        stacklevel=3,
+    )
 
 
 def convert_file_size_to_int(size: int | str) -> int:
@@ -61,33 +111,41 @@ def convert_file_size_to_int(size: int | str) -> int:
     of 1000) or a binary one (``KiB``, ``MiB``, ``GiB``, ``TiB``: powers of 1024), in any case,
     with optional spaces and decimals: ``"1.5 GB"`` is 1,500,000,000.
 
+    The one size parser of the project: the CLI, the GUI, hardware profiles and the API all
+    use it. A lower-case ``b`` after a decimal prefix (``"10gb"``) is read as bytes, as upper
+    case is, but it means *bits* in Accelerate, so the first one warns (``SizeUnitWarning``).
+
     Raises:
-        BadInputError: for negative sizes, booleans, or text such as ``"ten gigs"``.
+        BadInputError: for negative, NaN, infinite or absurd sizes (above 1 EiB), booleans, or
+            text such as ``"ten gigs"``; the message names the value and the problem.
 
     Example:
         >>> convert_file_size_to_int("1.5 GiB"), convert_file_size_to_int("500MB")
         (1610612736, 500000000)
     """
     if isinstance(size, bool):
-        raise BadInputError(f"{size!r} is not a memory size; use bytes or a string like '24GiB'")
-    if isinstance(size, int | float):
-        if size < 0:
-            raise BadInputError(f"memory size {size} is negative; use 0 or more bytes")
-        return int(size)
+        raise _size_error(size, "a boolean")
+    if isinstance(size, int):
+        return _checked_nbytes(size, size if abs(size) <= 2**62 else math.inf * (size > 0 or -1))
+    if isinstance(size, float):
+        return _checked_nbytes(size, size)
     if isinstance(size, str):
         match = _SIZE_TEXT.match(size)
         if match and match.group(2).lower() in _UNITS:
-            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    raise BadInputError(
-        f"{size!r} is not a memory size; use bytes (an int) or a number with a unit: "
-        "KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), e.g. '24GiB', '1.5 GB'"
-    )
+            unit = match.group(2)
+            _warn_lower_case_bits(size, unit)
+            return _checked_nbytes(size, float(match.group(1)) * _UNITS[unit.lower()])
+        if size.strip().startswith("-"):
+            raise _size_error(size, "negative; use 0 or more bytes")
+        raise _size_error(size, "not a number with a known unit")
+    raise _size_error(size, f"a {type(size).__name__}")
 
 
 def compute_module_sizes(
     model: nn.Module,
     dtype: DType | None = None,
     special_dtypes: Mapping[str, DType] | None = None,
+    buffers_only: bool = False,
 ) -> dict[str, int]:
     """Bytes of every module and tensor of ``model``, once its weights are loaded.
 
@@ -100,6 +158,8 @@ def compute_module_sizes(
             their own size.
         special_dtypes: per-tensor dtypes that override ``dtype`` (e.g. ``{"lm_head.weight":
             torch.float32}``).
+        buffers_only: count buffers only (keys: ``""``, the modules holding buffers, and the
+            buffers), as the reference does.
 
     Returns:
         ``{name: nbytes}``.
@@ -108,6 +168,14 @@ def compute_module_sizes(
         >>> compute_module_sizes(nn.Linear(4, 2))  # 2*4*4 B + 2*4 B
         {'': 40, 'weight': 32, 'bias': 8}
     """
+    if buffers_only:
+        sizes: dict[str, int] = {"": 0}
+        for name, nbytes in _buffer_nbytes(model, dtype, special_dtypes):
+            parts = name.split(".")
+            for depth in range(len(parts) + 1):
+                prefix = ".".join(parts[:depth])
+                sizes[prefix] = sizes.get(prefix, 0) + nbytes
+        return sizes
     return ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes).all_sizes()
 
 
@@ -122,9 +190,16 @@ def compute_module_total_buffer_size(
         >>> compute_module_total_buffer_size(nn.BatchNorm1d(3))  # 2 * 3 * 4 B + 8 B (int64)
         32
     """
+    return sum(nbytes for _, nbytes in _buffer_nbytes(model, dtype, special_dtypes))
+
+
+def _buffer_nbytes(
+    model: nn.Module, dtype: DType | None, special_dtypes: Mapping[str, DType] | None
+) -> list[tuple[str, int]]:
+    """``(name, nbytes)`` of every buffer of ``model`` under ``dtype``/``special_dtypes``."""
     dtype_nbytes = dtype_byte_size(as_dtype(dtype)) if dtype is not None else None
     special = {name: as_dtype(value) for name, value in (special_dtypes or {}).items()}
-    total = 0
+    entries = []
     for name, buffer in model.named_buffers():
         if name in special:
             itemsize = dtype_byte_size(special[name])
@@ -132,8 +207,8 @@ def compute_module_total_buffer_size(
             itemsize = dtype_nbytes
         else:
             itemsize = dtype_byte_size(buffer.dtype)
-        total += int(buffer.numel() * itemsize)
-    return total
+        entries.append((name, int(buffer.numel() * itemsize)))
+    return entries
 
 
 def get_max_layer_size(
@@ -171,8 +246,10 @@ def get_max_layer_size(
     return max_nbytes, names
 
 
-def find_tied_parameters(model: nn.Module) -> list[list[str]]:
+def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
     """Groups of parameter names that share one ``Parameter`` object (tied weights).
+
+    ``kwargs`` are accepted and ignored, as in the reference (its old recursive signature).
 
     Returns:
         A sorted list of sorted name lists, only groups of two names or more.

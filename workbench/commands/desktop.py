@@ -6,7 +6,11 @@ Installs, under ``$XDG_DATA_HOME`` (default ``~/.local/share``):
 - ``applications/io.github.model_memory_workbench.desktop`` (the name is ``workbench.APP_ID``,
   which the app also passes to ``QGuiApplication.setDesktopFileName`` so docks and Wayland
   compositors match the window to the entry and show its icon);
-- ``icons/hicolor/scalable/apps/<APP_ID>.svg`` and ``icons/hicolor/<N>x<N>/apps/<APP_ID>.png``.
+- ``icons/hicolor/scalable/apps/<APP_ID>.svg`` and ``icons/hicolor/<N>x<N>/apps/<APP_ID>.png``;
+- ``mime/packages/<APP_ID>.xml``: the workbench's own file types, ``*.wbsession.json``
+  (application/x-workbench-session) and ``*.wbmap.json`` (application/x-workbench-device-map),
+  which the entry lists in ``MimeType`` and opens with ``Exec=workbench %f``. Only these double
+  extensions are claimed, never every ``.json`` (shared-mime-info prefers the longest glob).
 
 The entry's ``Exec`` points at the launcher that runs this command (the bundle's executable,
 the ``workbench`` script on ``PATH`` or ``python -m workbench``), quoted per the Desktop Entry
@@ -31,6 +35,7 @@ from workbench.resources import resource_path, resources_root
 logger = logging.getLogger(__name__)
 
 DESKTOP_FILE_NAME = f"{APP_ID}.desktop"
+MIME_FILE_NAME = f"{APP_ID}.mime.xml"  # in resources/; installed as mime/packages/<APP_ID>.xml
 _EXEC_RESERVED = set(" \t\n\"'\\><~|&;$*?#()`")
 _EXEC_ESCAPED_IN_QUOTES = set('"`$\\')
 
@@ -143,7 +148,7 @@ def install_desktop_entry(data_dir: Path, command: Sequence[str] | None = None) 
         command: the launcher; default :func:`launcher_command`.
 
     Returns:
-        The files written: the entry first, then the icons.
+        The files written: the entry first, then the icons, then the MIME types.
 
     Raises:
         FileNotFoundError: when the bundled entry or icons are missing from ``resources/``.
@@ -165,6 +170,11 @@ def install_desktop_entry(data_dir: Path, command: Sequence[str] | None = None) 
         staging.chmod(0o644)
         os.replace(staging, target)
         written.append(target)
+    mime = _mime_package(data_dir)
+    mime.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(mime, resource_path(MIME_FILE_NAME).read_text(encoding="utf-8"))
+    mime.chmod(0o644)
+    written.append(mime)
     _refresh_desktop_caches(data_dir)
     return written
 
@@ -174,7 +184,7 @@ def uninstall_desktop_entry(data_dir: Path) -> list[Path]:
 
     Only our own files go; folders and other apps' files stay.
     """
-    candidates = [data_dir / "applications" / DESKTOP_FILE_NAME]
+    candidates = [data_dir / "applications" / DESKTOP_FILE_NAME, _mime_package(data_dir)]
     candidates += [target for _source, target in _icon_pairs(data_dir)]
     # Sizes a previous version installed but this one no longer ships.
     hicolor = data_dir / "icons" / "hicolor"
@@ -202,16 +212,22 @@ def _icon_pairs(data_dir: Path) -> list[tuple[Path, Path]]:
     return pairs
 
 
+def _mime_package(data_dir: Path) -> Path:
+    return data_dir / "mime" / "packages" / f"{APP_ID}.xml"
+
+
 def _escape_string(value: str) -> str:
     return value.replace("\\", "\\\\")
 
 
 def _refresh_desktop_caches(data_dir: Path) -> None:
-    """Ask the desktop to notice the change; both tools are optional, failures only logged."""
+    """Ask the desktop to notice the change; the tools are optional, failures only logged."""
     jobs = [
         ("update-desktop-database", ["-q", str(data_dir / "applications")]),
         ("gtk-update-icon-cache", ["-q", "-t", "-f", str(data_dir / "icons" / "hicolor")]),
     ]
+    if (data_dir / "mime" / "packages").is_dir():
+        jobs.append(("update-mime-database", [str(data_dir / "mime")]))
     for tool, tool_args in jobs:
         executable = shutil.which(tool)
         if executable is None:

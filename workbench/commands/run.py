@@ -1,9 +1,16 @@
-"""``workbench run SOURCE --device-map map.json``: load, generate, verify, headless.
+"""``workbench run SOURCE --device-map map.json``: load, generate, chat, verify, headless.
 
 Runs the same jobs the GUI runs: in the worker process by default, or in this process with
 ``--in-process``. Prints load progress (stderr), the generated text as it streams, tokens/s,
-time to first token (measured and predicted), per-layer transfer times of the last forward,
-and the verify result. ``--json`` prints one JSON document instead.
+time to first token (measured, and predicted for this machine or ``--profile``), per-layer
+transfer times of the last forward, and the verify result (logits, then the greedy
+continuation token by token). ``--json`` prints one JSON document instead.
+
+``--chat`` talks through the model's chat template (``--system`` sets the system prompt):
+with ``--prompt`` one turn, otherwise interactively in the terminal, turn after turn, until an
+empty line or end of input (``/new`` starts a new chat, Ctrl+C stops an answer). Decoding is
+greedy unless ``--temperature`` is above 0; ``--top-p``, ``--top-k`` and ``--seed`` shape the
+sampling, ``--repetition-penalty`` acts in both modes.
 
 Exit codes: 0 success, 1 a job failed or verification found a difference, 2 bad input.
 """
@@ -21,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.big_modeling.errors import BadInputError
+from workbench.commands.run_pipeline import add_pipeline_arguments, run_pipeline_command
 from workbench.runtime.protocol import (
     Event,
     Failed,
@@ -29,9 +37,13 @@ from workbench.runtime.protocol import (
     Log,
     Progress,
     Result,
+    Sampling,
     TokenStreamed,
     VerifyResult,
 )
+from workbench.wording import plural, with_article
+
+VERIFY_GREEDY_TOKENS = 16  # --verify also compares this many greedy tokens, one by one
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,9 +54,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "test and optionally verify the dispatched outputs against an undispatched CPU copy.",
     )
     parser.add_argument("source", help="model folder with weights (config.json + safetensors)")
-    parser.add_argument("--device-map", required=True, metavar="MAP.json", help="device map file")
-    parser.add_argument("--prompt", help="prompt text (default: seeded random token ids)")
+    parser.add_argument(
+        "--device-map",
+        metavar="MAP.json",
+        help="device map file (default: the whole model on the CPU)",
+    )
+    parser.add_argument(
+        "--prompt", help="prompt text, or with --chat the user's message (default: random ids)"
+    )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="chat through the model's chat template: one turn with --prompt, else "
+        "interactive in the terminal (empty line or Ctrl+D ends, /new starts over)",
+    )
+    parser.add_argument("--system", help="the chat's system prompt (implies --chat)")
     parser.add_argument("--max-new-tokens", type=int, default=16, metavar="N")
+    sampling = parser.add_argument_group("sampling (default: greedy decoding)")
+    sampling.add_argument(
+        "--temperature", type=float, metavar="T", help="sample at this temperature (0: greedy)"
+    )
+    sampling.add_argument(
+        "--top-p", type=float, metavar="P", help="sample from the tokens holding P of the mass"
+    )
+    sampling.add_argument("--top-k", type=int, metavar="K", help="sample from the K likeliest")
+    sampling.add_argument("--seed", type=int, metavar="N", help="sampler seed (default 0)")
+    sampling.add_argument(
+        "--repetition-penalty",
+        type=float,
+        metavar="R",
+        help="above 1, tokens already in the text become less likely (greedy too)",
+    )
     parser.add_argument("--dtype", help="load weights in this dtype (default: as stored)")
     parser.add_argument("--profile", help="hardware profile for the predicted speed")
     parser.add_argument("--verify", action="store_true", help="compare with an undispatched run")
@@ -58,25 +98,78 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--in-process", action="store_true", help="run the jobs here instead of a worker process"
     )
+    add_pipeline_arguments(parser)
     parser.set_defaults(func=run)
 
 
+def sampling_from_args(args: argparse.Namespace) -> Sampling:
+    """The ``Sampling`` the options ask for.
+
+    Raises:
+        BadInputError: for sampling options given without ``--temperature`` (they would do
+            nothing), or bad values (``check_sampling`` names each).
+    """
+    from workbench.runtime.sampling import check_sampling
+
+    temperature = args.temperature
+    sampled = temperature is not None and temperature > 0
+    only_when_sampling = [
+        flag
+        for flag, value in (("--top-p", args.top_p), ("--top-k", args.top_k), ("--seed", args.seed))
+        if value is not None
+    ]
+    if only_when_sampling and not sampled:
+        raise BadInputError(
+            f"{', '.join(only_when_sampling)} only act when sampling; add --temperature T "
+            "(T > 0), or drop them for greedy decoding"
+        )
+    defaults = Sampling()
+    return check_sampling(
+        Sampling(
+            greedy=not sampled,
+            temperature=temperature if sampled else defaults.temperature,
+            top_p=defaults.top_p if args.top_p is None else args.top_p,
+            top_k=defaults.top_k if args.top_k is None else args.top_k,
+            repetition_penalty=(
+                defaults.repetition_penalty
+                if args.repetition_penalty is None
+                else args.repetition_penalty
+            ),
+            seed=defaults.seed if args.seed is None else args.seed,
+        )
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    from workbench.big_modeling.device_map import load_device_map
+    from workbench.big_modeling.device_map import load_device_map, read_device_map
 
     if args.max_new_tokens < 0:
         raise BadInputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    device_map = load_device_map(args.device_map)
+    if args.pipeline_stages is not None:
+        return run_pipeline_command(args)
+    sampling = sampling_from_args(args)
+    chat = args.chat or args.system is not None
+    device_map = load_device_map(args.device_map) if args.device_map else {"": "cpu"}
+    record = read_device_map(args.device_map).model_record if args.device_map else None
+    # a wrapped map's model record is checked against the model once the worker has built it
+    options = {"model_record": record, "map_file": args.device_map} if record else {}
     printer = _Printer(json_mode=args.json)
     runner: _Runner = _InProcess(printer) if args.in_process else _ThroughWorker(printer)
     report: dict[str, Any] = {"source": str(args.source), "device_map": args.device_map}
+    system = (("system", args.system),) if args.system else ()
     try:
-        loaded = runner.load(str(args.source), device_map, args.dtype)
+        loaded = runner.load(str(args.source), device_map, args.dtype, options)
         report["load"] = _as_json(loaded)
         printer.loaded(loaded)
-        inference = runner.infer(args.prompt, args.max_new_tokens, args.profile)
-        report["inference"] = _as_json(inference)
-        printer.inference(inference)
+        if chat and args.prompt is None:
+            report["chat"] = _chat_in_terminal(runner, printer, args, system, sampling)
+        else:
+            messages = (*system, ("user", args.prompt)) if chat else ()
+            inference = runner.infer(
+                args.prompt, args.max_new_tokens, args.profile, messages, sampling
+            )
+            report["inference"] = _as_json(inference)
+            printer.inference(inference)
         if args.verify:
             verified = runner.verify(args.prompt, args.verify_mode)
             report["verify"] = _as_json(verified)
@@ -87,6 +180,50 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     return 1 if args.verify and not report["verify"]["passed"] else 0
+
+
+def _chat_in_terminal(
+    runner: _Runner,
+    printer: _Printer,
+    args: argparse.Namespace,
+    system: tuple[tuple[str, str], ...],
+    sampling: Sampling,
+) -> dict[str, Any]:
+    """Read a message per line, answer each through the chat template, keep the turns.
+
+    Returns the chat for ``--json``: the messages and each turn's result.
+    """
+    turns: list[tuple[str, str]] = []
+    results: list[Any] = []
+    printer.say(
+        "chat: an empty line or Ctrl+D ends, /new starts a new chat, Ctrl+C stops an answer"
+    )
+    while True:
+        try:
+            line = input("" if printer.json_mode else "you> ")
+        except EOFError:
+            printer.say("")
+            break
+        text = line.strip()
+        if not text or text in ("/exit", "/quit"):
+            break
+        if text == "/new":
+            turns.clear()
+            printer.say("(a new chat)")
+            continue
+        printer.say_inline("model> ")
+        try:
+            result = runner.infer(
+                None, args.max_new_tokens, args.profile, (*system, *turns, ("user", text)), sampling
+            )
+        except KeyboardInterrupt:
+            runner.wait_idle()
+            printer.say(" (stopped)")
+            continue
+        printer.chat_turn(result)
+        turns += [("user", text), ("assistant", result.text)]
+        results.append(_as_json(result))
+    return {"messages": [list(m) for m in (*system, *turns)], "turns": results}
 
 
 class _JobFailed(RuntimeError):
@@ -104,14 +241,27 @@ def _final_value(final: Event) -> Any:
     raise _JobFailed(final.message + (f"\n{final.details}" if final.details else ""))
 
 
+Messages = tuple[tuple[str, str], ...]
+
+
 class _Runner:
-    def load(self, source: str, device_map: dict, dtype: str | None) -> LoadSummary:
+    def load(
+        self, source: str, device_map: dict, dtype: str | None, options: dict | None = None
+    ) -> LoadSummary:
         raise NotImplementedError
 
     def infer(
-        self, prompt: str | None, max_new_tokens: int, profile: str | None
+        self,
+        prompt: str | None,
+        max_new_tokens: int,
+        profile: str | None,
+        messages: Messages = (),
+        sampling: Sampling | None = None,
     ) -> InferenceResult:
         raise NotImplementedError
+
+    def wait_idle(self) -> None:
+        """After Ctrl+C stopped a job: wait until the runner takes the next one."""
 
     def verify(self, prompt: str | None, mode: str) -> VerifyResult:
         raise NotImplementedError
@@ -137,7 +287,9 @@ class _InProcess(_Runner):
         self._next += 1
         return _final_value(self._runner.run(request_type(self._next, **fields), CancelToken()))
 
-    def load(self, source: str, device_map: dict, dtype: str | None) -> LoadSummary:
+    def load(
+        self, source: str, device_map: dict, dtype: str | None, options: dict | None = None
+    ) -> LoadSummary:
         from workbench.runtime.protocol import Load
 
         return self._run(
@@ -146,19 +298,32 @@ class _InProcess(_Runner):
             device_map=device_map,
             dtype=dtype,
             offload_folder=str(self._folder),
+            options=dict(options or {}),
         )
 
     def infer(
-        self, prompt: str | None, max_new_tokens: int, profile: str | None
+        self,
+        prompt: str | None,
+        max_new_tokens: int,
+        profile: str | None,
+        messages: Messages = (),
+        sampling: Sampling | None = None,
     ) -> InferenceResult:
         from workbench.runtime.protocol import Infer
 
-        return self._run(Infer, prompt=prompt, max_new_tokens=max_new_tokens, profile=profile)
+        return self._run(
+            Infer,
+            prompt=prompt,
+            max_new_tokens=max_new_tokens,
+            profile=profile,
+            messages=messages,
+            sampling=sampling or Sampling(),
+        )
 
     def verify(self, prompt: str | None, mode: str) -> VerifyResult:
         from workbench.runtime.protocol import Verify
 
-        return self._run(Verify, prompt=prompt, mode=mode)
+        return self._run(Verify, prompt=prompt, mode=mode, greedy_tokens=VERIFY_GREEDY_TOKENS)
 
     def close(self) -> None:
         import shutil
@@ -192,16 +357,33 @@ class _ThroughWorker(_Runner):
             self.host.cancel()
             raise
 
-    def load(self, source: str, device_map: dict, dtype: str | None) -> LoadSummary:
-        return self._wait(self.host.load(source, device_map, dtype=dtype))
+    def load(
+        self, source: str, device_map: dict, dtype: str | None, options: dict | None = None
+    ) -> LoadSummary:
+        return self._wait(self.host.load(source, device_map, dtype=dtype, options=options))
 
     def infer(
-        self, prompt: str | None, max_new_tokens: int, profile: str | None
+        self,
+        prompt: str | None,
+        max_new_tokens: int,
+        profile: str | None,
+        messages: Messages = (),
+        sampling: Sampling | None = None,
     ) -> InferenceResult:
-        return self._wait(self.host.infer(prompt, max_new_tokens=max_new_tokens, profile=profile))
+        request_id = self.host.infer(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            profile=profile,
+            messages=messages,
+            sampling=sampling,
+        )
+        return self._wait(request_id)
+
+    def wait_idle(self) -> None:
+        self.host.wait_idle()
 
     def verify(self, prompt: str | None, mode: str) -> VerifyResult:
-        return self._wait(self.host.verify(prompt, mode=mode))
+        return self._wait(self.host.verify(prompt, mode=mode, greedy_tokens=VERIFY_GREEDY_TOKENS))
 
     def close(self) -> None:
         self.host.shutdown()
@@ -262,22 +444,51 @@ class _Printer:
         )
         print(f"loaded {summary.model_class} in {summary.load_s:.2f} s ({per_device})")
 
+    def say(self, line: str) -> None:
+        """A line for people (nothing in ``--json`` mode: stdout holds the document)."""
+        if not self.json_mode:
+            print(line)
+
+    def say_inline(self, text: str) -> None:
+        if not self.json_mode:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def chat_turn(self, result: InferenceResult) -> None:
+        """After a streamed answer: one short line of figures."""
+        if self.json_mode:
+            return
+        ended = "end of turn" if result.stop_reason == "eos" else "max new tokens reached"
+        print(
+            f"\n  [{result.new_tokens} tokens, {result.tokens_per_s:.2f} tokens/s, "
+            f"time to first token {result.ttft_s * 1000:.0f} ms; {ended}]"
+        )
+
     def inference(self, result: InferenceResult) -> None:
         if self.json_mode:
             return
         print()
+        if result.chat_template:
+            print("prompt: built with the model's chat template")
+        elif result.prompt_text and result.prompt_text.endswith("Assistant:"):
+            print("prompt: plain 'Role: text' lines (the model has no chat template)")
+        from workbench.runtime.sampling import describe_sampling
+
+        print(f"sampling: {describe_sampling(result.sampling)}")
         predicted = result.predicted
         if result.prompt_tokens == 0 and result.new_tokens == 0:  # a synthetic non-text input
             print(f"one forward on a synthetic input: {result.ttft_s * 1000:.1f} ms")
         else:
             print(
-                f"{result.new_tokens} tokens from a {result.prompt_tokens}-token prompt: "
+                f"{plural(result.new_tokens, 'token')} from {with_article(f'{result.prompt_tokens}-token prompt')}: "
                 f"{result.tokens_per_s:.2f} tokens/s, "
                 f"time to first token {result.ttft_s * 1000:.1f} ms"
             )
         if predicted:
+            hardware = result.predicted_for
+            where = "this machine" if hardware in ("", "detected") else f"profile {hardware}"
             print(
-                f"predicted: {predicted['tokens_per_s']:.2f} tokens/s, "
+                f"predicted for {where}: {predicted['tokens_per_s']:.2f} tokens/s, "
                 f"time to first token {predicted['ttft_s'] * 1000:.1f} ms"
             )
         from workbench.runtime.telemetry import group_layers
@@ -311,6 +522,12 @@ class _Printer:
             f"verify: {verdict} to {result.reference}; max abs diff {result.max_abs_diff:.3g}"
             f"{where}, max rel diff {result.max_rel_diff:.3g}"
         )
+        if result.greedy_compared:
+            same = "identical" if result.greedy_identical else "DIFFERENT"
+            print(
+                f"verify: greedy continuation {same}: {result.greedy_matched} of "
+                f"{result.greedy_compared} tokens match ({result.greedy_text!r})"
+            )
 
 
 def _as_json(value: Any) -> Any:

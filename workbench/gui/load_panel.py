@@ -30,7 +30,10 @@ from PySide6.QtWidgets import (
 from workbench.big_modeling.errors import OffloadError
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.formatting import format_nbytes
+from workbench.runtime.load_check import LoadCheck, check_devices, check_load, check_map
+from workbench.runtime.model_context import LoadedModelRef
 from workbench.runtime.protocol import Failed, LoadSummary, Phase, Progress, Result, WorkerExited
+from workbench.wording import plural
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +190,12 @@ class LoadController(QObject):
         self.loaded_source: str | None = None
         self.last_summary: LoadSummary | None = None
         self.request_id: int | None = None
+        # loads are numbered 1, 2, 3 in the log: request ids also count runs and cancels
+        self.load_number = 0
         self.stale = False
         self._pending_map: dict[str, int | str] | None = None
+        self._pending_source: str | None = None
+        self._pending_context: Any = None  # the ModelContext the running load is for
         self._cancel_clicked_s: float | None = None
         self._started_s: float | None = None
         self.progress_widget.cancel_button.clicked.connect(self.cancel)
@@ -213,18 +220,26 @@ class LoadController(QObject):
         return self.loaded_map is not None
 
     # -- actions -------------------------------------------------------------------------
+    def check(self) -> LoadCheck:
+        """The shared load check of the session's map (what Load & dispatch would refuse)."""
+        if not self.session.source:
+            return LoadCheck(map_problems=("open a model first (File > Open)",))
+        if self.session.opened is None:  # a source without the opened model: the map only
+            device_map = self.session.device_map
+            return LoadCheck(check_map(None, device_map), check_devices(device_map))
+        return check_load(self.session.opened, self.session.device_map)
+
     def load(self) -> int | None:
-        """Load the session's source along its current map; return the request id or None."""
+        """Load the session's source along its current map; return the request id or None.
+
+        The shared load check runs first: a map the loader would refuse never starts the
+        worker, and the error says why."""
         if self.busy:
             return None
         source, device_map = self.session.source, dict(self.session.device_map)
-        if not source:
-            self._report_error("Cannot load", "Open a model first (File > Open).", "")
-            return None
-        if not device_map:
-            self._report_error(
-                "Cannot load", "The device map is empty; plan it or assign modules first.", ""
-            )
+        check = self.check()
+        if not check.loadable:
+            self._report_error("Cannot load", check.reason, "")
             return None
         try:
             request_id = self.bridge.load(
@@ -238,14 +253,17 @@ class LoadController(QObject):
             self._report_error("Cannot load", str(exc), _details(exc))
             return None
         self._pending_map = device_map
+        self._pending_source = str(source)
+        self._pending_context = getattr(self.session, "context", None)
         self.request_id = request_id
+        self.load_number += 1
         self._started_s = time.monotonic()
         devices = sorted({str(device) for device in device_map.values()})
         logger.info(
-            "load #%d started: %s along a map of %d entries on %s",
-            request_id,
+            "load #%d started: %s along a map of %s on %s",
+            self.load_number,
             source,
-            len(device_map),
+            plural(len(device_map), "entry"),
             ", ".join(devices),
         )
         self.progress_widget.reset()
@@ -261,7 +279,7 @@ class LoadController(QObject):
         if not self.busy:
             return False
         self._cancel_clicked_s = time.monotonic()
-        logger.info("load #%d: cancel requested", self.request_id)
+        logger.info("load #%d: cancel requested", self.load_number)
         self.progress_widget.cancel_button.setEnabled(False)
         self.progress_widget.show_message("cancelling…")
         return self.bridge.cancel()
@@ -296,10 +314,13 @@ class LoadController(QObject):
         if event.request_id != self.request_id or event.job != "load":
             return
         summary = event.value
-        logger.info("load #%d finished: %s", event.request_id, _describe_summary(summary))
+        logger.info("load #%d finished: %s", self.load_number, _describe_summary(summary))
         self._finish()
         self.last_summary = summary if isinstance(summary, LoadSummary) else None
-        self.loaded_source = str(self.session.source)
+        self.loaded_source = self._pending_source  # the model the load started for
+        context = self._pending_context
+        if context is not None and self._pending_map is not None:
+            context.loaded = LoadedModelRef(str(self.loaded_source), self._pending_map, summary)
         self._set_loaded(self._pending_map)
         self.progress_widget.show_done()
         load_s = getattr(summary, "load_s", 0.0)
@@ -316,7 +337,7 @@ class LoadController(QObject):
         elapsed = self._elapsed_s()
         self._finish()
         if event.kind == "cancelled":
-            logger.info("load #%d cancelled after %.1f s", event.request_id, elapsed)
+            logger.info("load #%d cancelled after %.1f s", self.load_number, elapsed)
             self.progress_widget.show_message("load cancelled")
         else:
             self.progress_widget.show_message("load failed")

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QDockWidget,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QProgressBar,
     QScrollArea,
     QSplitter,
@@ -59,7 +60,9 @@ from workbench.gui.window_persistence import (
     model_display_name,
 )
 from workbench.gui.workers import TaskThread
+from workbench.runtime.load_check import LoadCheck, check_load
 from workbench.runtime.session import Session, SessionChange
+from workbench.wording import plural
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +98,13 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.open_thread: TaskThread | None = None
         self.speed_thread: TaskThread | None = None
         self.speed_prediction: Any = None
+        self.load_check: LoadCheck | None = None  # the shared check of the current map
         self._autosave_enabled = autosave
         self._profile: Any = None
         self._pending_map: dict[str, Any] | None = None
         self.restore_bar: QWidget | None = None
         self.save_prompt: Any = None  # the open "Save changes…?" box, if any
+        self.unload_prompt: QMessageBox | None = None  # the open "Unload it?" box, if any
         self._close_without_asking = False
         self._show_error = self._show_error_box  # tests replace it to capture messages
         self._show_info = self._show_info_box
@@ -128,6 +133,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.planner_panel = PlannerPanel(self)
         self.planner_dock.setWidget(_scrolling(self.planner_panel, self))  # fits small screens
         self.actions_by_name = build_actions(self)  # menus, toolbar (main_toolbar), shortcuts
+        self.install_session_actions()  # File > Open session…
 
         self._session_signals = _SessionSignals(self)
         self._session_signals.changed.connect(self._on_session_changed)
@@ -178,6 +184,9 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.setCentralWidget(self.main_splitter)
 
     def _build_docks(self) -> None:
+        # The planner dock runs the full height on the right, so a taller runtime dock never
+        # makes the planner form scroll.
+        self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
         self.bottom_dock = self._dock("Runtime", "bottomDock", self.bottom_tabs)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.bottom_dock)
         self.hardware_dock = self._dock("Budgets", "hardwareDock", self.budget_editor)
@@ -237,23 +246,34 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         elapsed_s = self.open_thread.elapsed_s if self.open_thread else 0.0
         self.statusBar().showMessage(f"Opened {opened.label} in {elapsed_s:.1f} s", 5000)
         logger.info("opened %s in %.2f s", source, elapsed_s)
+        self.after_document_opened()  # a restored session's state, or a map waiting for it
 
     def _on_open_failed(self, source: str, exc: BaseException) -> None:
         self.busy_bar.setVisible(False)
         self.statusBar().showMessage(f"Could not open {source}", 5000)
         logger.error("could not open %s: %s", source, str(exc))
+        self.document_open_failed()
         self._show_error("Could not open the model", str(exc))
 
     def set_opened(
         self, source: str, opened: Any, device_map: dict[str, Any] | None = None
     ) -> None:
         """Show an opened model; the map starts as ``device_map`` or everything on the first
-        device of the profile. Clears the undo history (a new document, clean)."""
+        device of the profile. Clears the undo history (a new document, clean).
+
+        The model gets a new ``ModelContext`` (``Session.replace_model``): nothing derived from
+        the previous model survives. Only the hardware profile carries over: without a
+        ``device_map`` (a plain open, not a restore) the budgets are the profile's and the
+        reserve is the planner's estimate for this model."""
         self.undo_stack.clear()
         _unfreeze_gc()  # let the previous model's node cycles be collected
-        if self.session.source != str(source):
-            self.session.set_source(str(source), reason="open")
-        self.session.set_opened(opened)
+        restoring = device_map is not None
+        self.session.replace_model(str(source), opened)
+        if not restoring and self._profile is not None:
+            self.session.set_budgets(self._profile.budgets(), reason="open")
+        self.planner_panel.set_model(opened)
+        if not restoring:
+            self.session.set_reserve(self.planner_panel.reserve_bytes(), reason="open")
         first = next(iter(self.session.budgets), "cpu")
         self.session.set_device_map(device_map or {"": first}, reason="open")
         self.session.mark_clean()
@@ -261,9 +281,72 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         app_settings.add_recent_model(str(source))
         refresh_recent_menu(self)
         self.tree_model.set_tree(self.session.tree, self.session.device_map)
-        self.planner_panel.set_model(opened)
         self.refresh()
         _freeze_gc_for(self.session.tree)
+
+    def confirm_loaded_model(self, then: Any) -> QMessageBox | None:
+        """Before another model replaces this one: while a model is loaded (or loading) in
+        the worker, ask "Unload it?" (window-modal, it does not block) and run ``then`` after
+        Unload or Keep loaded; Cancel runs nothing. Kept, the inference panel says Run acts
+        on the loaded model, not the one on screen. Returns the box shown, or ``None``."""
+        panels = getattr(self, "runtime_panels", None)
+        controller = None if panels is None else panels.controller
+        if controller is None or not (controller.loaded or controller.busy):
+            then()
+            return None
+        if self.unload_prompt is not None:  # already asking
+            self.unload_prompt.raise_()
+            return self.unload_prompt
+        name = model_display_name(controller.loaded_source or self.session.source)
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            "A model is loaded",
+            f"{name} is {'loading' if controller.busy else 'loaded'} in the worker. "
+            "Unload it before opening another model?",
+            QMessageBox.StandardButton.Cancel,
+            self,
+        )
+        box.setObjectName("unloadPrompt")
+        box.setInformativeText(
+            "Unload frees its memory. Keep loaded lets Run and Verify go on using it; the "
+            "Inference tab then says it is not the model on screen."
+        )
+        unload = box.addButton("&Unload", QMessageBox.ButtonRole.AcceptRole)
+        box.addButton("&Keep loaded", QMessageBox.ButtonRole.NoRole)
+        box.setDefaultButton(unload)
+        box.setEscapeButton(QMessageBox.StandardButton.Cancel)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.finished.connect(lambda _result: self._on_unload_prompt_answered(box, unload, then))
+        self.unload_prompt = box
+        box.open()
+        return box
+
+    def _on_unload_prompt_answered(self, box: QMessageBox, unload: Any, then: Any) -> None:
+        self.unload_prompt = None
+        clicked = box.clickedButton()
+        if clicked is None or box.standardButton(clicked) == QMessageBox.StandardButton.Cancel:
+            return
+        panels = self.runtime_panels
+        controller, inference = panels.controller, panels.inference_panel
+        if clicked is unload:
+            if controller.busy:
+                controller.cancel()
+            elif inference.busy:  # stop the run first; unload once it has stopped
+                panels.bridge.result.connect(self._unload_when_idle)
+                panels.bridge.failed.connect(self._unload_when_idle)
+                inference.stop()
+            else:
+                panels.unload_action.trigger()
+        then()
+
+    def _unload_when_idle(self, _event: Any) -> None:
+        panels = self.runtime_panels
+        if panels.inference_panel.busy:  # another job's event; the run is still stopping
+            return
+        panels.bridge.result.disconnect(self._unload_when_idle)
+        panels.bridge.failed.disconnect(self._unload_when_idle)
+        panels.controller.unload()
 
     # --- edits --------------------------------------------------------------------------
 
@@ -323,6 +406,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         titles = {spec.device: spec.name for spec in profile.devices} if profile else {}
         budgets = dict(session.budgets)
         self.budget_editor.set_budgets(budgets, titles)
+        self.load_check = check_load(session.opened, session.device_map) if session.opened else None
         self.lanes.update_lanes(
             session.tree,
             session.device_map,
@@ -330,6 +414,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
             reserve_bytes=session.reserve,
             reserve_device=self.execution_device(),
             titles=titles,
+            load_check=self.load_check,
         )
         tree = session.tree
         if tree is None:
@@ -342,13 +427,24 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
                 f"{format_nbytes(tree.root.nbytes)} {dtype}"
             )
         valid = self.lanes.is_valid
-        self.validity_status.setText("map valid" if valid else "map INVALID")
-        self.validity_status.setToolTip("\n".join(self.lanes.problems))
+        # INVALID only for a map the loader refuses; a budget problem is one of its own
+        text = (
+            "map valid" if valid else "map INVALID" if not self.lanes.map_valid else "over budget"
+        )
+        check = self.load_check
+        if valid and check is not None and check.device_problems:
+            text += " · cannot load on this machine"
+        elif valid and check is not None and check.weight_problems:
+            text += " · plan only (no weights)"
+        if tree is None:
+            text = ""  # no model, no map to call valid
+        self.validity_status.setText(text)
+        self.validity_status.setToolTip("\n".join(self.lanes.problems + self.lanes.load_notes))
         if self.validity_status.property("invalid") != (not valid):
             self.validity_status.setProperty("invalid", not valid)
             self.validity_status.style().unpolish(self.validity_status)  # re-read the style
             self.validity_status.style().polish(self.validity_status)
-        self.devices_status.setText(f"{len(self.lanes.lanes)} devices")
+        self.devices_status.setText(plural(len(self.lanes.lanes), "device"))
         self._update_title()
         update_action_states(self)
 
@@ -379,8 +475,8 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
                 thread.wait()
         self._autosave_timer.stop()
         self._speed_timer.stop()
-        if self._autosave_enabled:
-            app_settings.discard_autosave()
+        if self._autosave_enabled and not self.restore_offer_pending():
+            app_settings.discard_autosave()  # unanswered, a crashed run's autosave stays
         self._unsubscribe()
         self.log_view.detach()
         super().closeEvent(event)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDialog,
     QDialogButtonBox,
     QFileDialog,
@@ -31,12 +32,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.big_modeling.device_map import DeviceMapReading, read_device_map
+from workbench.big_modeling.device_map import (
+    DeviceMapReading,
+    model_record_differences,
+    read_device_map,
+)
 from workbench.big_modeling.devices import device_label
 from workbench.big_modeling.errors import BadInputError
 from workbench.gui.commands import SetDeviceMapCommand
 from workbench.gui.formatting import format_nbytes
 from workbench.gui.map_edit import MapIndex, compact_names
+from workbench.wording import plural
 
 if TYPE_CHECKING:
     from workbench.gui.main_window import MainWindow
@@ -101,10 +107,10 @@ def _engine_check(window: MainWindow, device_map: dict[str, Any]) -> list[str]:
     model = getattr(window.session.opened, "model", None)
     if model is None:
         return []
-    from workbench.big_modeling.device_map import check_device_map
+    from workbench.big_modeling.device_map import resolve_device_map
 
     try:
-        check_device_map(model, device_map)
+        resolve_device_map(model, device_map)  # strict: unknown names are errors
     except BadInputError as exc:
         return [str(exc)]
     return []
@@ -113,8 +119,17 @@ def _engine_check(window: MainWindow, device_map: dict[str, Any]) -> list[str]:
 class ImportDialog(QDialog):
     """Shows a map file's summary or its problems; OK applies it (disabled while invalid).
 
+    The dialog is window-modal, and a new import closes the one before, so import dialogs
+    never pile up and none stays open while the user loads.
+
+    A wrapped map whose ``"model"`` record names another model (class, parameter count) shows
+    what differs; OK stays disabled until the user ticks ``use_plain_map`` ("import the plain
+    map anyway").
+
     Attributes:
         problems: the reasons the map cannot be applied (empty when valid).
+        record_differences: how the map's model record differs from the open model.
+        use_plain_map: the explicit choice to import the map despite those differences.
         device_map: the map read from the file.
     """
 
@@ -127,12 +142,13 @@ class ImportDialog(QDialog):
     ) -> None:
         super().__init__(window)
         self.setWindowTitle(f"Import device map — {path.name}")
-        self.setModal(False)
+        self.setWindowModality(Qt.WindowModality.WindowModal)
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.window_ = window
         self.path = path
         self.device_map = device_map
         self.problems = map_problems(window, device_map, reading)
+        self.record_differences = _record_differences(window, reading)
         self.applied = False
         summary = QLabel(self)
         summary.setWordWrap(True)
@@ -145,27 +161,47 @@ class ImportDialog(QDialog):
             tree = window.session.tree
             totals = MapIndex(tree, device_map).per_device_bytes() if tree is not None else {}
             summary.setText(
-                f"<b>{path}</b>: {len(device_map)} entries, valid for this model. Apply it?"
+                f"<b>{path}</b>: {plural(len(device_map), 'entry')}, valid for this model. Apply it?"
             )
             details.setPlainText(
                 "\n".join(f"{device_label(d)}: {format_nbytes(n)}" for d, n in totals.items())
             )
+        if self.record_differences:
+            summary.setText(
+                f"<b>{path}</b> was made for another model; nothing was changed. What differs:"
+            )
+            lines = [f"• {difference}" for difference in self.record_differences]
+            details.setPlainText("\n".join(lines) + "\n\n" + details.toPlainText())
         self.message = summary.text() + "\n" + details.toPlainText()
         self.buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel, self
         )
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(not self.problems)
+        self.use_plain_map = QCheckBox(
+            "Import the plain map anyway (its entries fit this model; the record does not)", self
+        )
+        self.use_plain_map.setVisible(bool(self.record_differences))
+        self.use_plain_map.setEnabled(not self.problems)
+        self.use_plain_map.toggled.connect(self._on_use_plain_map_toggled)
+        self._on_use_plain_map_toggled(False)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addWidget(summary)
         layout.addWidget(details)
+        layout.addWidget(self.use_plain_map)
         layout.addWidget(self.buttons)
         self.resize(620, 320)
 
+    def can_apply(self) -> bool:
+        """No problems, and a model record that matches or that the user chose to ignore."""
+        return not self.problems and (not self.record_differences or self.use_plain_map.isChecked())
+
+    def _on_use_plain_map_toggled(self, _checked: bool) -> None:
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(self.can_apply())
+
     def accept(self) -> None:
-        """Apply the map as one undo step when it is valid; otherwise do nothing."""
-        if self.problems:
+        """Apply the map as one undo step when it can be applied; otherwise do nothing."""
+        if not self.can_apply():
             return
         session = self.window_.session
         self.window_.undo_stack.push(
@@ -173,6 +209,19 @@ class ImportDialog(QDialog):
         )
         self.applied = True
         super().accept()
+
+
+def _record_differences(window: MainWindow, reading: DeviceMapReading | None) -> list[str]:
+    """How a wrapped map's model record differs from the open model (the engine's comparison)."""
+    tree = window.session.tree
+    if reading is None or not reading.model_record or tree is None:
+        return []
+    opened = window.session.opened
+    return model_record_differences(
+        reading.model_record,
+        class_name=getattr(opened, "model_class", "") or tree.root.class_name,
+        param_count=tree.root.param_count,
+    )
 
 
 def read_map_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -192,7 +241,8 @@ def import_device_map(window: MainWindow, path: str | os.PathLike[str]) -> Impor
     """Read and validate ``path``; show the import dialog (or the read error).
 
     Returns:
-        The non-modal dialog (accept it to apply), or ``None`` when the file could not be read.
+        The window-modal dialog (accept it to apply; an earlier one still open is closed), or
+        ``None`` when the file could not be read.
     """
     target = Path(path)
     try:
@@ -201,8 +251,11 @@ def import_device_map(window: MainWindow, path: str | os.PathLike[str]) -> Impor
         logger.warning("import of %s refused: %s", target, str(exc))
         window._show_error("Cannot import device map", str(exc))
         return None
+    for previous in window.findChildren(ImportDialog):
+        if previous.isVisible():
+            previous.reject()  # one import at a time: a second file replaces the first
     dialog = ImportDialog(window, target, dict(reading.device_map), reading)
-    dialog.show()
+    dialog.open()  # window-modal: the window (Load included) waits for OK or Cancel
     return dialog
 
 
@@ -270,7 +323,8 @@ def code_snippet(window: MainWindow) -> str:
 
     The checkpoint is the model folder, else the Hub repo id of a bundled config or an
     ``hf-cache:`` source, else a placeholder with a comment saying what to put there. ``torch``
-    is imported only when the snippet names a dtype.
+    is imported only when the snippet names a dtype. A comment says that transformers needs
+    ``accelerate`` installed to load along a device map.
     """
     from workbench.models.catalog import hub_repo_id
 
@@ -297,6 +351,7 @@ def code_snippet(window: MainWindow) -> str:
     lines = ["import torch"] if dtype is not None else []
     lines += [
         f"from transformers import {class_name}",
+        "# from_pretrained(device_map=...) needs accelerate: python3 -m pip install accelerate",
         "",
         f"device_map = {_py_dict(device_map)}",
         f"max_memory = {_py_dict(max_memory)}",
@@ -334,7 +389,10 @@ def copy_as_code(window: MainWindow) -> str:
 
 def save_session_dialog(window: MainWindow, parent: QWidget | None = None) -> None:
     path, _ = QFileDialog.getSaveFileName(
-        parent or window, "Save session", "session.json", "Session (*.json)"
+        parent or window,
+        "Save session",
+        "session.wbsession.json",  # the suffix file managers know (resources/*.mime.xml)
+        "Workbench session (*.wbsession.json *.json)",
     )
     if not path:
         return

@@ -27,6 +27,7 @@ class Candidate:
     error: str = ""
     opened: Any = None  # the model re-sized in the planning dtype, when it differs from the tree's
     warnings: tuple[str, ...] = ()  # what the planner warned about while planning this one
+    load_check: Any = None  # workbench.runtime.load_check.LoadCheck of the plan's map
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
     from workbench.big_modeling.planner import plan_device_map
     from workbench.models.dtypes import parse_dtype
     from workbench.models.speed import predict_speed
+    from workbench.runtime.load_check import check_load
 
     tree, resized = request.tree, None
     opened = request.opened
@@ -90,7 +92,15 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
                 prediction = predict_speed(tree, plan.device_map, request.profile)
             except ValueError as exc:
                 logger.info("no speed prediction for %s: %s", strategy, str(exc))
+        check = check_load(opened, plan.device_map) if opened is not None else None
         candidates.append(
-            Candidate(strategy, plan=plan, prediction=prediction, opened=resized, warnings=noted)
+            Candidate(
+                strategy,
+                plan=plan,
+                prediction=prediction,
+                opened=resized,
+                warnings=noted,
+                load_check=check,
+            )
         )
     return candidates

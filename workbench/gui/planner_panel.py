@@ -10,13 +10,21 @@ planner raises for a strategy (buffers no GPU can hold, …) show in its status 
 top of its trace; every budgeted device has a row, so an unused GPU shows as 0 B. The table is
 as tall as its rows; the trace takes the rest of the panel.
 
-The budgets follow the session: a hardware switch, a budget edit or an undo updates them. A
-comparison made for other hardware or budgets than the session has now is stale: its Apply
-buttons are disabled until the next comparison, so old budgets are never written back.
+The budgets are the session's (one budget per device): the panel's editor and the Budgets dock
+show the same values, and an edit in either is one undo step. A comparison made for other
+hardware or budgets than the session has now is stale: its Apply buttons are disabled until the
+next comparison, so old budgets are never written back.
+
+The comparison belongs to the opened model: it is kept in the session's ``ModelContext``, so
+opening another model empties the table and the "Why" list, and a comparison still running for
+the previous model is dropped when it finishes. ``plan_and_apply`` (the toolbar's Plan, Ctrl+P)
+plans with the current strategy and applies the result as one undo step. A plan's status says
+"ok" only when the shared load check (``workbench.runtime.load_check``) accepts its map.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +38,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGridLayout,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QPushButton,
     QRadioButton,
@@ -50,6 +59,7 @@ from workbench.gui.formatting import format_nbytes, format_rate, format_seconds
 from workbench.gui.hardware_selector import BudgetEditor
 from workbench.gui.planner_compare import STRATEGIES, Candidate, PlanRequest, run_comparison
 from workbench.gui.workers import TaskThread
+from workbench.runtime.model_context import Comparison, ModelContext
 
 if TYPE_CHECKING:
     from workbench.gui.main_window import MainWindow
@@ -70,12 +80,15 @@ class PlannerPanel(QWidget):
     def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
         self.window_ = window
-        self.candidates: list[Candidate] = []
         self.thread: TaskThread | None = None
-        self._request: PlanRequest | None = None
-        self._compared_for: tuple[str | None, dict[Any, int]] | None = None
+        self._pending: tuple[Any, ...] | None = None  # what the running comparison was for
+        self._apply_when_done: str | None = None  # plan_and_apply's strategy, while it plans
         self.apply_buttons: dict[str, QPushButton] = {}
         self.budget_editor = BudgetEditor(self)
+        self.budget_editor.setAccessibleName("Planner budgets (the session's)")
+        self.strategy_combo = QComboBox(self)
+        self.strategy_combo.addItems(STRATEGIES)
+        self.strategy_combo.setToolTip("The strategy Plan (Ctrl+P) uses; Apply sets it too")
         self.dtype_combo = QComboBox(self)
         self.dtype_combo.addItems(DTYPES)
         self.no_split_edit = QLineEdit(self)
@@ -109,8 +122,10 @@ class PlannerPanel(QWidget):
             + 2 * self.trace_view.frameWidth()
         )
         self._build_layout()
-        self.compare_button.clicked.connect(self.compare)
+        self.compare_button.clicked.connect(lambda _checked=False: self.compare())
         self.table.currentCellChanged.connect(self._on_table_current_cell_changed)
+        # one budget per device: an edit here is the same undo step as one in the Budgets dock
+        self.budget_editor.budgets_edited.connect(window._on_budget_editor_edited)
 
     def _build_layout(self) -> None:
         form = QFormLayout()
@@ -134,21 +149,49 @@ class PlannerPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(4)
         layout.addLayout(form)
-        layout.addWidget(self.compare_button)
+        buttons = QHBoxLayout()  # one row: the dock keeps its height for the trace
+        plan_with = QLabel("Plan with", self)
+        plan_with.setBuddy(self.strategy_combo)
+        buttons.addWidget(plan_with)
+        buttons.addWidget(self.strategy_combo)
+        buttons.addWidget(self.compare_button, 1)
+        layout.addLayout(buttons)
         layout.addWidget(self.table)  # as tall as its rows: the trace below takes the rest
         layout.addLayout(self.apply_row)
         layout.addWidget(self.trace_view, 1)
 
     # --- options --------------------------------------------------------------------------
 
+    @property
+    def context(self) -> ModelContext | None:
+        """The opened model's context, which holds the comparison this panel shows."""
+        return self.window_.session.context
+
+    @property
+    def comparison(self) -> Comparison | None:
+        """The opened model's last comparison (``None`` before one, or for another model)."""
+        context = self.context
+        return None if context is None else context.comparison
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        """The candidates of the opened model's comparison, in the table's order."""
+        comparison = self.comparison
+        return [] if comparison is None else list(comparison.candidates)
+
+    @property
+    def _request(self) -> PlanRequest | None:
+        comparison = self.comparison
+        return None if comparison is None else comparison.request
+
     def set_model(self, opened: Any) -> None:
-        """Prefill from a newly opened model: no-split classes, dtype, budgets."""
+        """Prefill from a newly opened model: no-split classes, dtype, budgets; the table and
+        the "Why" list show the new model's (empty) comparison."""
         self.no_split_edit.setText(", ".join(getattr(opened, "no_split_modules", []) or []))
         dtype = getattr(opened, "planning_dtype", None)
         name = str(dtype).replace("torch.", "") if dtype is not None else "as stored"
         self.dtype_combo.setCurrentText(name if name in DTYPES else "as stored")
-        self.candidates = []
-        self._request = self._compared_for = None
+        self.reserve_by_shape.setChecked(True)  # estimated for this model, not a typed leftover
         self.sync_from_session()
         self._fill_table()
 
@@ -163,14 +206,17 @@ class PlannerPanel(QWidget):
 
     def stale_reason(self) -> str | None:
         """Why the compared plans no longer fit the session's hardware, or ``None``."""
-        if self._compared_for is None or self._request is None:
+        comparison = self.comparison
+        if comparison is None:
             return None
-        profile_name, budgets = self._compared_for
         session = self.window_.session
         current = getattr(session.profile, "name", None)
-        if current != profile_name:
+        if current != comparison.profile_name:
             return f"the hardware changed to {current} since the comparison; compare again"
-        if dict(session.budgets) not in (budgets, dict(self._request.budgets)):
+        if dict(session.budgets) not in (
+            dict(comparison.budgets),
+            dict(comparison.request.budgets),
+        ):
             return "the budgets changed since the comparison; compare again"
         return None
 
@@ -209,7 +255,7 @@ class PlannerPanel(QWidget):
             model=session.opened.model,
             tree=session.tree,
             profile=self.window_.hardware_profile(),
-            budgets=self.budget_editor.budgets() or dict(session.budgets),
+            budgets=dict(session.budgets),
             reserve={device: reserve} if reserve else {},
             dtype=None if dtype == "as stored" else dtype,
             no_split=[n.strip() for n in self.no_split_edit.text().split(",") if n.strip()],
@@ -218,31 +264,65 @@ class PlannerPanel(QWidget):
 
     # --- comparing ----------------------------------------------------------------------------
 
-    def compare(self) -> TaskThread | None:
-        """Plan the checked strategies on a worker thread; the table fills when done."""
+    def current_strategy(self) -> str:
+        """The strategy Plan (Ctrl+P) uses: the one chosen under "Plan with"."""
+        return self.strategy_combo.currentText()
+
+    def plan_and_apply(self) -> TaskThread | None:
+        """Plan with the current strategy and apply the map as one undo step when it fits
+        (the toolbar's Plan and Ctrl+P); "Compare strategies" still compares them all."""
+        strategy = self.current_strategy()
+        thread = self.compare((strategy,))
+        if thread is not None:
+            self._apply_when_done = strategy
+            self.window_.statusBar().showMessage(f"Planning with {strategy}…")
+        return thread
+
+    def compare(self, strategies: tuple[str, ...] | None = None) -> TaskThread | None:
+        """Plan the checked strategies (or ``strategies``) on a worker thread; the table
+        fills when done."""
         request = self.request()
         if request is None:
             self.window_.statusBar().showMessage("Open a model before planning", 3000)
             return None
         if self.thread is not None and self.thread.isRunning():
             return None
-        self._request = request
-        self._compared_for = (
-            getattr(self.window_.session.profile, "name", None),
-            dict(self.window_.session.budgets),
-        )
+        if strategies is not None:
+            request = dataclasses.replace(request, strategies=tuple(strategies))
+        self._apply_when_done = None
+        session = self.window_.session
+        context = session.context
+        profile_name = getattr(session.profile, "name", None)
+        budgets = dict(session.budgets)
         self.compare_button.setEnabled(False)
         self.compare_button.setText("Planning…")
         self.thread = TaskThread(run_comparison, request)
         self.thread.setObjectName("compare plans")
-        self.thread.succeeded.connect(self._on_thread_succeeded)
+        # Held here, not in a closure on the thread's signal: the panel keeps its last thread,
+        # and a closure would keep this model (and its tree) alive after another is opened.
+        self._pending = (request, profile_name, budgets, context)
+        self.thread.succeeded.connect(self._on_candidates_ready)
         self.thread.failed.connect(self._on_thread_failed)
         self.thread.start()
         return self.thread
 
-    def _on_thread_succeeded(self, candidates: list[Candidate]) -> None:
+    def _on_candidates_ready(self, candidates: Any) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        request, profile_name, budgets, context = pending
+        self._on_thread_succeeded(
+            Comparison(request, tuple(candidates), profile_name, budgets), context
+        )
+
+    def _on_thread_succeeded(self, comparison: Comparison, context: ModelContext | None) -> None:
         self._reset_button()
-        self.candidates = candidates
+        strategy, self._apply_when_done = self._apply_when_done, None
+        if context is None or context is not self.context:  # planned for a model now closed
+            logger.info("dropped a comparison made for %s", getattr(context, "source", None))
+            return
+        context.comparison = comparison
+        candidates = list(comparison.candidates)
         self._fill_table()
         warned = [c for c in candidates if c.warnings]
         if warned:
@@ -252,9 +332,21 @@ class PlannerPanel(QWidget):
                 15000,
             )
         self.comparison_ready.emit(candidates)
+        if strategy is not None:
+            self._apply_planned(strategy)
+
+    def _apply_planned(self, strategy: str) -> None:
+        candidate = self.candidate(strategy)
+        if candidate is not None and candidate.plan is not None:
+            self.apply(strategy)
+            return
+        reason = candidate.error if candidate is not None else "no plan"
+        self.window_.statusBar().showMessage(f"The {strategy} plan does not fit: {reason}", 15000)
 
     def _on_thread_failed(self, exc: BaseException) -> None:
+        self._pending = None
         self._reset_button()
+        self._apply_when_done = None
         self.window_._show_error("Planning failed", str(exc))
         self.comparison_failed.emit(str(exc))
 
@@ -291,13 +383,16 @@ class PlannerPanel(QWidget):
             ttft = format_seconds(prediction.ttft_s) if prediction else "—"
             self.table.setItem(len(devices), column, QTableWidgetItem(speed))
             self.table.setItem(len(devices) + 1, column, QTableWidgetItem(ttft))
-            self.table.setItem(len(devices) + 2, column, _status_item(candidate))
+            self.table.setItem(len(devices) + 2, column, _status_item(candidate, self._request))
         self.table.resizeColumnsToContents()
+        self.table.setVisible(bool(candidates))  # no empty "tokens/s, TTFT, status" rows
         self.table.updateGeometry()
         self._fill_apply_buttons()
         if candidates:
             self.table.setCurrentCell(0, 0)
             self.show_trace(candidates[0].strategy)
+        else:  # another model, or none: the "Why" list never keeps the previous one's rows
+            self.trace_view.clear()
 
     def _fill_apply_buttons(self) -> None:
         while self.apply_row.count():
@@ -362,7 +457,8 @@ class PlannerPanel(QWidget):
         self.trace_view.resizeColumnToContents(0)
 
     def candidate(self, strategy: str) -> Candidate | None:
-        return next((c for c in self.candidates if c.strategy == strategy), None)
+        comparison = self.comparison
+        return None if comparison is None else comparison.candidate(strategy)
 
     def apply(self, strategy: str) -> bool:
         """Apply a compared strategy as one undo macro; return whether it applied.
@@ -391,6 +487,7 @@ class PlannerPanel(QWidget):
         window.tree_model.set_trace(
             {p.module: p.reason for p in candidate.plan.trace}, candidate.plan.device_map
         )
+        self.strategy_combo.setCurrentText(strategy)  # Plan (Ctrl+P) uses it from now on
         window.statusBar().showMessage(f"Applied the {strategy} plan", 5000)
         return True
 
@@ -427,20 +524,53 @@ class _RowsTable(QTableWidget):
         return width + self.horizontalHeader().length() + 2 * self.frameWidth()
 
 
-def _status_item(candidate: Candidate) -> QTableWidgetItem:
-    """The status cell: ok / does not fit, the number of warnings; details in the tooltip."""
+def _status_item(candidate: Candidate, request: PlanRequest | None) -> QTableWidgetItem:
+    """The status cell: ok / does not fit / cannot load, the number of warnings; details in
+    the tooltip. "ok" means the plan fits, its reserve too (as the lanes count it), and the
+    shared load check accepts its map."""
     prediction = candidate.prediction
-    text = "ok" if candidate.plan else "does not fit"
+    check = candidate.load_check
     details = [candidate.error or (prediction.summary() if prediction else "")]
+    over = _over_budget(candidate, request)
+    if not candidate.plan:
+        text = "does not fit"
+    elif check is not None and not check.map_valid:
+        text = "cannot load"
+    elif over:
+        text = "over budget"
+        details.append(over)
+    elif check is not None and check.device_problems:
+        text = "not here"  # fits, on devices this machine lacks (the tooltip lists them)
+    elif check is not None and check.weight_problems:
+        text = "plan only"  # no weights to load
+    else:
+        text = "ok"
+    if check is not None and check.problems:
+        details.append(check.reason)
     if candidate.warnings:
         count = len(candidate.warnings)
         text += f", {count} warning" + ("s" if count > 1 else "")
         details += [f"warning: {w}" for w in candidate.warnings]
     item = QTableWidgetItem(text)
     item.setToolTip("\n".join(d for d in details if d))
-    if candidate.warnings:
+    if candidate.warnings or over or (check is not None and not check.map_valid):
         item.setForeground(WARNING_COLOR)
     return item
+
+
+def _over_budget(candidate: Candidate, request: PlanRequest | None) -> str:
+    """Where the plan's weights plus the reserve exceed a budget (what the lanes flag), or ""."""
+    if candidate.plan is None or request is None:
+        return ""
+    over = []
+    for device, budget in request.budgets.items():
+        used = candidate.plan.per_device_bytes.get(device, 0) + request.reserve.get(device, 0)
+        if used > budget:
+            over.append(
+                f"{device_label(device)}: {format_nbytes(used)} with the reserve, budget "
+                f"{format_nbytes(budget)}"
+            )
+    return "over budget on " + "; ".join(over) if over else ""
 
 
 def _spin(parent: QWidget, low: int, high: int, value: int, prefix: str) -> QSpinBox:

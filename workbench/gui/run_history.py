@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.gui.formatting import format_rate, format_seconds
 from workbench.gui.plots import show_export_error
+from workbench.wording import plural
 
 HISTORY_FORMAT = "workbench-run-history"
 
@@ -68,7 +69,9 @@ class RunRecord:
     """One run. ``kind`` is ``"infer"`` or ``"verify"``; times in seconds.
 
     ``status``: ``"running"``, ``"done"``, ``"stopped"`` (by the user; the figures are those
-    of the tokens streamed before the stop) or ``"failed"``.
+    of the tokens streamed before the stop) or ``"failed"``. ``settings`` are the run's
+    settings (mode, sampling, system prompt, ...); ``predicted_for`` names the hardware of
+    ``predicted`` (``"detected"``: this machine).
     """
 
     run_id: int
@@ -86,6 +89,8 @@ class RunRecord:
     verify: dict[str, Any] | None = None
     per_layer: list[dict[str, Any]] = field(default_factory=list)
     status: str = "running"
+    settings: dict[str, Any] = field(default_factory=dict)
+    predicted_for: str = ""
 
     @property
     def map_id(self) -> str:
@@ -100,7 +105,7 @@ class RunRecord:
 class RunHistoryModel(QAbstractTableModel):
     """Table of ``RunRecord`` rows: #, kind, map, tok/s, TTFT, result."""
 
-    HEADERS = ("#", "kind", "map", "tok/s", "TTFT", "result")
+    HEADERS = ("#", "kind", "map", "tok/s", "TTFT", "result", "predicted")
     HEADER_TIPS = (
         "Run number",
         "infer: a generation run; verify: the equivalence check",
@@ -109,6 +114,8 @@ class RunHistoryModel(QAbstractTableModel):
         "Decode speed: tokens per second after the first token (of a stopped run: until the stop)",
         "Time to first token",
         "The outcome: tokens generated, PASS/FAIL, stopped or failed",
+        "The speed model's tok/s and TTFT for the same map on the hardware the run ran on "
+        "(this machine), beside the measured ones",
     )
 
     def __init__(self, parent: Any = None) -> None:
@@ -142,7 +149,9 @@ class RunHistoryModel(QAbstractTableModel):
                 f"{k or '(whole model)'}: {v}" for k, v in sorted(record.device_map.items())
             )
         if role == Qt.ItemDataRole.ToolTipRole and column in (3, 4) and record.status == "stopped":
-            return f"measured over the {record.new_tokens} tokens generated before the stop"
+            return (
+                f"measured over the {plural(record.new_tokens, 'token')} generated before the stop"
+            )
         if role == Qt.ItemDataRole.ForegroundRole and column == 5 and record.verify is not None:
             return QColor("#15803d" if record.verify.get("passed") else "#b91c1c")
         return None
@@ -160,6 +169,11 @@ class RunHistoryModel(QAbstractTableModel):
             return missing if record.tokens_per_s is None else format_rate(record.tokens_per_s)
         if column == 4:
             return missing if record.ttft_s is None else format_seconds(record.ttft_s)
+        if column == 6:
+            rate, ttft = record.predicted.get("tokens_per_s"), record.predicted.get("ttft_s")
+            if rate is None or ttft is None:
+                return missing
+            return f"{format_rate(rate)} · {format_seconds(ttft)}"
         if record.verify is not None and record.status == "done":
             verdict = "PASS" if record.verify.get("passed") else "FAIL"
             return f"{verdict} (max abs {record.verify.get('max_abs_diff', 0):.3g})"
@@ -244,6 +258,7 @@ class RunHistoryWidget(QWidget):
             lines += [
                 f"  {k or '(whole model)'}: {v}" for k, v in sorted(record.device_map.items())
             ]
+            lines += [f"{k}: {v}" for k, v in record.settings.items()]  # mode, sampling, ...
             self.details.setPlainText("\n".join(lines))
         elif len(records) == 2:
             first, second = records

@@ -3,7 +3,10 @@
 ``install_runtime_panels(window)`` adds toolbar actions (Load & dispatch, Cancel, Unload) to
 ``window.main_toolbar``, the Memory / Transfers / Inference tabs to ``window.bottom_tabs`` and
 the load progress to the status bar, and wires them to one ``WorkerBridge``. The worker process
-is spawned on the first load, not before, so opening the window costs nothing. Nothing here may
+is spawned in the background as soon as a model is open (``warm_on_open``), so it has done its
+imports (torch, transformers, the engine) before the user clicks Load, and the click pays only
+for the load; the status bar says "worker warming up" until it is ready. An empty window starts
+no worker. Nothing here may
 break the window: a failure while installing is logged and the window works without the panels.
 
 Example:
@@ -31,6 +34,7 @@ from workbench.runtime.protocol import TelemetrySample, TransferBatch
 logger = logging.getLogger(__name__)
 
 REFRESH_HZ = 10.0  # the plots look for new data this often, at rest too (redraws are cheap)
+LOAD_TIP = "Load the checkpoint along the current map in the worker process"
 
 
 class RuntimePanels(QObject):
@@ -56,9 +60,7 @@ class RuntimePanels(QObject):
         )
         self.load_action = QAction("Load && dispatch", window)
         self.load_action.setObjectName("loadDispatchAction")
-        self.load_action.setToolTip(
-            "Load the checkpoint along the current map in the worker process"
-        )
+        self.load_action.setToolTip(LOAD_TIP)
         self.cancel_action = QAction("Cancel", window)
         self.cancel_action.setToolTip("Cancel the running load or inference run")
         self.unload_action = QAction("Unload", window)
@@ -67,6 +69,15 @@ class RuntimePanels(QObject):
         # status line, so every "predicted" figure in the window is for the same hardware
         self.bridge.profile_provider = lambda: _window_profile(window)
         self.units: list[str] = []  # layer units of the loaded model, in display order
+        self._context = window.session.context  # the model the inference results are for
+        # start the worker in the background once a model is open (tests of other things turn
+        # it off, so every window they open does not spawn a process importing torch)
+        self.warm_on_open = True
+        # the hardware the worker runs on, for every prediction shown beside a measured figure
+        # (the Transfers plot); None: this machine as detected. The toolbar's profile may be a
+        # what-if, which the plan-time figures use and name.
+        self.runtime_profile: Any = None
+        self._detected: Any = None
         self._closed = False
         self._wire()
         self._update_actions()
@@ -79,6 +90,7 @@ class RuntimePanels(QObject):
         controller, bridge = self.controller, self.bridge
         controller.busy_changed.connect(self._update_actions)
         controller.loaded_changed.connect(self._update_actions)
+        controller.loaded_changed.connect(lambda _loaded: self._show_loaded_model())
         controller.load_started.connect(lambda _rid: self._mark("load start"))
         controller.load_finished.connect(self._on_controller_load_finished)
         controller.load_failed.connect(
@@ -89,6 +101,8 @@ class RuntimePanels(QObject):
         bridge.result.connect(lambda _ev: self._update_actions())
         bridge.failed.connect(lambda _ev: self._update_actions())
         bridge.state_changed.connect(self._on_bridge_state_changed)
+        bridge.ready.connect(self._on_bridge_ready)
+        controller.load_started.connect(self._on_controller_load_started)
         self.inference_panel.run_button.clicked.connect(self._update_actions)
         self.inference_panel.verify_button.clicked.connect(self._update_actions)
         self.inference_panel.run_finished.connect(lambda _r: self._update_actions())
@@ -104,17 +118,59 @@ class RuntimePanels(QObject):
             self._budgets_from_session()
         elif what in ("device_map", "opened"):
             self._peaks_from_profile()
+        if what in ("opened", "restored", "device_map", "dtype", "source"):
+            self._update_actions()  # Load & dispatch needs a model and a map that can load
         if what in ("opened", "restored"):
-            self._update_actions()  # Load & dispatch needs a model
+            self.warm_worker()
+        context = self.window.session.context
+        if context is not self._context:  # another model: nothing shown may be the old one's
+            self._context = context
+            self.inference_panel.clear_results()
+            self._show_loaded_model()
+
+    def _show_loaded_model(self) -> None:
+        """Tell the inference panel which model Run and Verify act on."""
+        controller = self.controller
+        loaded = controller.loaded_source if controller.loaded else None
+        on_screen = self.window.session.source
+        self.inference_panel.show_loaded_model(
+            loaded, different=loaded is not None and str(loaded) != str(on_screen)
+        )
 
     def _budgets_from_session(self) -> None:
         self.memory_plot.set_budgets(dict(self.window.session.budgets))
         self._peaks_from_profile()
 
+    def runtime_hardware(self) -> Any:
+        """The profile of the hardware the worker runs on: ``runtime_profile``, else the
+        detected profile (the selector's, or detected once now)."""
+        if self.runtime_profile is not None:
+            return self.runtime_profile
+        if self._detected is None:
+            from workbench.models.hardware import DETECTED_NAME, detect_hardware
+
+            selector = getattr(self.window, "hardware_selector", None)
+            known = selector.profile(DETECTED_NAME) if selector is not None else None
+            try:
+                self._detected = known or detect_hardware()
+            except Exception as exc:  # no prediction rather than no window
+                logger.warning("hardware detection failed: %s", exc)
+                return None
+        return self._detected
+
+    def prediction_label(self) -> str:
+        """How the Transfers plot names its prediction: for this machine, or a profile."""
+        from workbench.models.hardware import DETECTED_NAME
+
+        profile = self.runtime_hardware()
+        name = getattr(profile, "name", "")
+        return "predicted for this machine" if name == DETECTED_NAME else f"predicted for {name}"
+
     def _peaks_from_profile(self) -> None:
-        """Peak GB/s per source tier: disk reads always; host-to-device only when the map
-        (the loaded one, else the session's) puts something on an accelerator."""
-        profile = _window_profile(self.window)
+        """Peak GB/s per source tier of the hardware the worker runs on (measured rates stand
+        beside them): disk reads always; host-to-device only when the map (the loaded one,
+        else the session's) puts something on an accelerator."""
+        profile = self.runtime_hardware()
         if profile is None:
             return
         peaks = {"disk": float(getattr(profile, "disk_read_gbps", 0.0) or 0.0)}
@@ -128,13 +184,50 @@ class RuntimePanels(QObject):
         busy = self.controller.busy
         running = self.inference_panel.busy
         has_model = self.window.session.tree is not None
-        self.load_action.setEnabled(has_model and not busy and not running)
+        check = self.controller.check() if has_model else None
+        loadable = check is not None and check.loadable
+        self.load_action.setEnabled(loadable and not busy and not running)
+        reason = check.reason if check is not None and not loadable else ""
+        self.load_action.setToolTip(f"{LOAD_TIP}\n\nCannot load: {reason}" if reason else LOAD_TIP)
+        self.load_action.setStatusTip(f"Cannot load: {reason}" if reason else LOAD_TIP)
         self.cancel_action.setEnabled(busy or running)
         self.unload_action.setEnabled(self.controller.loaded and not busy and not running)
         self.inference_panel.set_available(self.controller.loaded and not busy)
 
-    def _on_bridge_state_changed(self, _state: str) -> None:
+    def _on_bridge_state_changed(self, state: str) -> None:
         self._update_actions()
+        if state == "stopped":  # a worker that died or was terminated: warm a new one
+            self.warm_worker()
+
+    def warm_worker(self) -> bool:
+        """Start the worker in the background when a model is open and none runs; say so in
+        the status bar until it is ready. Return True when one was started."""
+        if (
+            self._closed
+            or not self.warm_on_open
+            or self.window.session.tree is None
+            or self.bridge.state != "stopped"
+        ):
+            return False
+        try:
+            self.bridge.start()
+        except Exception as exc:  # warming is an optimisation: the first load starts one anyway
+            logger.warning("could not start the worker in the background: %s", exc)
+            return False
+        if not self.controller.busy:
+            self.progress_widget.show_message("worker warming up (importing torch)…")
+        return True
+
+    def _on_bridge_ready(self, event: Any) -> None:
+        logger.info("worker %s ready in %.1f s", event.pid, event.warmup_s)
+        if not self.controller.busy and not self.controller.loaded:
+            self.progress_widget.show_message("worker ready")
+
+    def _on_controller_load_started(self, _request_id: int) -> None:
+        if not self.bridge.warm:
+            self.progress_widget.show_message(
+                "worker still warming up: the load starts when its imports are done"
+            )
 
     def _on_cancel_triggered(self) -> None:
         """Cancel whatever runs: the load, or else the inference run (like its Stop)."""
@@ -153,6 +246,7 @@ class RuntimePanels(QObject):
 
     def _on_controller_load_finished(self, summary: Any) -> None:
         self._mark("load end")
+        self._show_loaded_model()
         self.transfer_plot.clear_layers()
         self._peaks_from_profile()
         self._prediction_for_loaded_map()
@@ -163,8 +257,9 @@ class RuntimePanels(QObject):
         self._mark(f"{record.kind} #{record.run_id}")
 
     def _prediction_for_loaded_map(self) -> None:
-        """Set the layer units and the speed model's per-layer prediction for the loaded map."""
-        tree, profile = self.window.session.tree, _window_profile(self.window)
+        """Set the layer units and the speed model's per-layer prediction for the loaded map,
+        for the hardware it runs on (the bars beside it are measured there)."""
+        tree, profile = self.window.session.tree, self.runtime_hardware()
         device_map = self.controller.loaded_map or {}
         self.units = [name for name in device_map if name]
         prediction = None
@@ -182,7 +277,8 @@ class RuntimePanels(QObject):
         self.inference_panel.keep_module = self._in_model_tree
         if prediction is not None:
             self.transfer_plot.set_prediction(
-                {p.name: (p.time_s or p.transfer_s + p.compute_s) for p in prediction.per_layer}
+                {p.name: (p.time_s or p.transfer_s + p.compute_s) for p in prediction.per_layer},
+                label=self.prediction_label(),
             )
 
     def _in_model_tree(self, module: str) -> bool:
@@ -234,10 +330,14 @@ class RuntimePanels(QObject):
 
 
 def _is_accelerator(device: Any) -> bool:
-    text = str(device)
-    return (
-        isinstance(device, int) or text.isdigit() or text.split(":", maxsplit=1)[0] in _ACCELERATORS
-    )
+    from workbench.big_modeling.devices import normalize_device
+    from workbench.big_modeling.errors import BadInputError
+
+    try:  # the one device parser: "1" and "cuda:1" are GPU 1, "\u00b2" is no device
+        canonical = normalize_device(device)
+    except BadInputError:
+        return False
+    return isinstance(canonical, int) or str(canonical).split(":", 1)[0] in _ACCELERATORS
 
 
 _ACCELERATORS = ("cuda", "mps", "xpu", "npu")

@@ -1,7 +1,7 @@
 """What the app remembers between runs (``QSettings``) and where the session autosaves.
 
-Window geometry and dock/splitter state, recent models, the last hardware profile and budgets
-live in ``QSettings`` (organisation and application names set in ``app.py``). The session
+Window geometry and dock/splitter state, recent models and the last hardware profile (not its
+budgets: they belong to the model and its session) live in ``QSettings`` (organisation and application names set in ``app.py``). The session
 autosaves to ``<AppDataLocation>/autosave-session.json``; a run that did not exit cleanly
 leaves ``session/clean_exit`` false, so the next start offers to restore it.
 
@@ -20,7 +20,6 @@ from typing import Any
 from PySide6.QtCore import QByteArray, QSettings, QStandardPaths
 
 from workbench.big_modeling.atomic import atomic_write_text
-from workbench.big_modeling.devices import normalize_device
 
 logger = logging.getLogger(__name__)
 
@@ -53,28 +52,20 @@ def add_recent_model(source: str) -> list[str]:
     return models
 
 
-def save_last_hardware(profile_name: str, budgets: Mapping[int | str, int]) -> None:
-    """Remember the chosen profile and the budgets the user set for it."""
+def save_last_hardware(profile_name: str) -> None:
+    """Remember the chosen hardware profile: the one thing that carries over to the next
+    launch and the next model. Budgets do not: each model starts from the profile's (a
+    session file keeps the budgets edited for its model)."""
     settings = app_settings()
     settings.setValue("hardware/profile", profile_name)
-    settings.setValue(
-        "hardware/budgets", json.dumps([[device, int(n)] for device, n in budgets.items()])
-    )
+    settings.remove("hardware/budgets")  # written by earlier versions; never read again
     settings.sync()
 
 
-def last_hardware() -> tuple[str | None, dict[int | str, int]]:
-    """Return the last profile name and budgets (``(None, {})`` the first time)."""
-    settings = app_settings()
-    name = settings.value("hardware/profile", None)
-    budgets: dict[int | str, int] = {}
-    raw = settings.value("hardware/budgets", "")
-    if raw:
-        try:
-            budgets = {normalize_device(d): int(n) for d, n in json.loads(str(raw))}
-        except (ValueError, TypeError):
-            logger.warning("ignoring malformed saved budgets %r", raw)
-    return (str(name) if name else None), budgets
+def last_hardware() -> str | None:
+    """Return the last hardware profile's name (``None`` the first time)."""
+    name = app_settings().value("hardware/profile", None)
+    return str(name) if name else None
 
 
 def save_window_state(

@@ -54,9 +54,14 @@ def names_from_mime(mime: QMimeData) -> list[str]:
     """Return the module names a drag carries, or ``[]`` when it carries none."""
     if not mime.hasFormat(MODULES_MIME):
         return []
-    try:
-        names = json.loads(bytes(mime.data(MODULES_MIME).data()).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    from workbench.big_modeling.errors import BadInputError
+    from workbench.big_modeling.json_files import parse_json
+
+    try:  # a drag from another process may carry anything: deep, huge, not UTF-8
+        names = parse_json(
+            bytes(mime.data(MODULES_MIME).data()), source="drag data", what="names", fix=""
+        )
+    except BadInputError:
         return []
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 

@@ -12,7 +12,6 @@ menus also wait for a selection (``update_action_states``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMenu, QToolBar, QToolButton
 
 from workbench.big_modeling.devices import device_label
+from workbench.big_modeling.errors import BadInputError
 from workbench.gui import settings as app_settings
 from workbench.gui.icons import icon
 
@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from workbench.gui.main_window import MainWindow
 
 MAX_LANE_SHORTCUTS = 9
-MODEL_ACTIONS = ("export_map", "export_wrapped", "copy_code", "plan", "diff_file", "diff_history")
+MODEL_ACTIONS = (
+    "export_map",
+    "export_wrapped",
+    "copy_code",
+    "plan",
+    "compare",
+    "diff_file",
+    "diff_history",
+)
 NEEDS_MODEL = "Open a model first (File > Open)"
 NEEDS_SELECTION = "Select modules in the tree first"
 ENABLED_TIP_PROPERTY = "workbenchEnabledTip"
@@ -70,6 +78,12 @@ def _action(
         action.setToolTip(tip)
     action.triggered.connect(lambda _checked=False: slot())
     return action
+
+
+def _show_cluster_plan(window: MainWindow) -> None:
+    from workbench.gui.cluster_view import show_cluster_plan
+
+    show_cluster_plan(window)
 
 
 def build_actions(window: MainWindow) -> dict[str, QAction]:
@@ -126,14 +140,21 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
             shortcut=QKeySequence.StandardKey.Save,
             icon_name="save",
         ),
-        "quit": _action(window, "&Quit", window.close, shortcut=QKeySequence.StandardKey.Quit),
+        # Ctrl+Q spelled out: the offscreen and some X11 themes bind no StandardKey.Quit
+        "quit": _action(window, "&Quit", window.close, shortcut="Ctrl+Q"),
         "plan": _action(
             window,
-            "&Plan…",
-            lambda: _show_dock(window.planner_dock),
+            "&Plan",
+            lambda: plan_now(window),
             shortcut="Ctrl+P",
             icon_name="plan",
-            tip="Compare planner strategies and apply one",
+            tip="Plan with the current strategy and apply it (one undo step)",
+        ),
+        "compare": _action(
+            window,
+            "&Compare strategies…",
+            lambda: _show_dock(window.planner_dock),
+            tip="Show the Planner panel: compare every strategy side by side, apply one",
         ),
         "diff_file": _action(
             window,
@@ -165,7 +186,13 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     undo.setShortcut(QKeySequence.StandardKey.Undo)
     set_action_icon(undo, "undo")
     redo = window.undo_stack.createRedoAction(window, "&Redo")
-    redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence.StandardKey.Redo])
+    # Ctrl+Shift+Z everywhere, plus the platform's Redo keys; each key once (the platform's
+    # list may hold Ctrl+Shift+Z already, and a key listed twice is "ambiguous": it does nothing)
+    redo.setShortcuts(
+        _unique_keys(
+            [QKeySequence("Ctrl+Shift+Z"), *QKeySequence.keyBindings(QKeySequence.StandardKey.Redo)]
+        )
+    )
     set_action_icon(redo, "redo")
     _short_button_text(undo, "Undo", window.undo_stack.undoTextChanged)
     _short_button_text(redo, "Redo", window.undo_stack.redoTextChanged)
@@ -220,8 +247,15 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     file_menu.setToolTipsVisible(True)
     tools_menu = bar.addMenu("&Tools")
     tools_menu.setToolTipsVisible(True)
-    for name in ("plan", "diff_file", "diff_history"):
+    for name in ("plan", "compare", "diff_file", "diff_history"):
         tools_menu.addAction(actions[name])
+    actions["cluster_plan"] = _action(
+        window,
+        "C&luster plan…",
+        lambda: _show_cluster_plan(window),
+        tip="Plan the model across a cluster (TP x PP), compare candidates, export launch scripts",
+    )
+    tools_menu.addAction(actions["cluster_plan"])
 
     toolbar = QToolBar("Main", window)
     toolbar.setObjectName("mainToolbar")
@@ -242,6 +276,22 @@ def build_actions(window: MainWindow) -> dict[str, QAction]:
     window.tree_view.customContextMenuRequested.connect(lambda pos: _tree_context_menu(window, pos))
     refresh_recent_menu(window)
     return actions
+
+
+def _unique_keys(sequences: list[QKeySequence]) -> list[QKeySequence]:
+    """``sequences`` without repeats, in order (``QKeySequence`` compares by keys)."""
+    unique: list[QKeySequence] = []
+    for sequence in sequences:
+        if not sequence.isEmpty() and sequence not in unique:
+            unique.append(sequence)
+    return unique
+
+
+def plan_now(window: MainWindow) -> None:
+    """Plan with the current strategy and apply the result as one undo step (Plan, Ctrl+P);
+    the Planner panel shows the plan and its "Why" list, and still compares every strategy."""
+    _show_dock(window.planner_dock)
+    window.planner_panel.plan_and_apply()
 
 
 def _short_button_text(action: QAction, verb: str, text_changed: Any) -> None:
@@ -376,11 +426,10 @@ def _tree_context_menu(window: MainWindow, pos: QPoint) -> QMenu:
 
 
 def open_dialog(window: MainWindow) -> None:
-    path, _ = QFileDialog.getOpenFileName(
-        window, "Open config.json", "", "Model config (*.json);;All files (*)"
-    )
-    if path:
-        window.open_replacing(path)
+    """One dialog for a config file or a model folder (see ``gui.open_dialog``)."""
+    from workbench.gui.open_dialog import open_model_dialog
+
+    open_model_dialog(window).chosen.connect(window.open_replacing)
 
 
 def open_folder_dialog(window: MainWindow) -> None:
@@ -406,11 +455,15 @@ def dropped_paths(mime: QMimeData) -> list[Path]:
 
 
 def handle_dropped_path(window: MainWindow, path: Path) -> None:
-    """A folder or ``config.json`` opens a model; any other ``.json`` is imported as a map."""
+    """A folder or ``config.json`` opens a model, a session file is restored; any other
+    ``.json`` is imported as a map."""
     from workbench.gui import map_io
+    from workbench.runtime.documents import classify_document
 
     if path.is_dir() or path.name == "config.json" or _looks_like_config(path):
         window.open_replacing(str(path))
+    elif classify_document(path).kind in ("session", "map"):
+        window.open_replacing(str(path))  # a session is restored, a map imported
     elif path.suffix == ".json":
         map_io.import_device_map(window, path)
     else:
@@ -424,8 +477,10 @@ def _looks_like_config(path: Path) -> bool:
     """True for a transformers config saved under another name (it names a ``model_type``)."""
     if path.suffix != ".json" or not path.is_file() or path.stat().st_size > 1_000_000:
         return False
+    from workbench.big_modeling.json_files import read_json
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = read_json(path, what="a model config", fix="", max_nbytes=1_000_000)
+    except (OSError, BadInputError):  # deep, huge-integer or broken JSON: not a config
         return False
     return isinstance(data, dict) and ("model_type" in data or "architectures" in data)

@@ -37,7 +37,7 @@ class WindowHardwareMixin:
 
     def _init_hardware(self, profiles: list[Any] | None) -> None:
         profiles = available_profiles() if profiles is None else profiles
-        name, budgets = app_settings.last_hardware()
+        name = app_settings.last_hardware()
         if self.session.profile is not None:
             name = self.session.profile.name
             known = {p.name for p in profiles}
@@ -51,11 +51,8 @@ class WindowHardwareMixin:
         self._profile = profile
         if self.session.profile is None:
             self.session.set_profile(profile, reason="start")
-        if not self.session.budgets:
-            saved = (
-                budgets if name == profile.name and set(budgets) == set(profile.budgets()) else {}
-            )
-            self.session.set_budgets(saved or profile.budgets(), reason="profile")
+        if not self.session.budgets:  # only the profile carries over, not the last budgets
+            self.session.set_budgets(profile.budgets(), reason="profile")
         self.session.mark_clean()
 
     def set_hardware_profile(self, profile: Any) -> None:
@@ -64,11 +61,11 @@ class WindowHardwareMixin:
         self.undo_stack.push(SetProfileCommand(self.session, profile))
 
     def remember_hardware(self) -> None:
-        """Persist the session's profile and budgets as the last hardware (after every change,
-        undo and redo included, so the settings always match what the window shows)."""
+        """Persist the session's profile as the last hardware (after every change, undo and
+        redo included, so the settings always match what the window shows)."""
         profile = self.session.profile or self._profile
-        if profile is not None and self.session.budgets:
-            app_settings.save_last_hardware(profile.name, self.session.budgets)
+        if profile is not None:
+            app_settings.save_last_hardware(profile.name)
 
     def _on_hardware_profile_chosen(self, profile: Any) -> None:
         self.set_hardware_profile(profile)
@@ -110,8 +107,10 @@ class WindowHardwareMixin:
 
     def _on_speed_thread_succeeded(self, prediction: Any) -> None:
         self.speed_prediction = prediction
+        name = getattr(self._profile, "name", "")
+        where = "this machine" if name == "detected" else name  # a what-if says which profile
         self.speed_label.setText(
-            f"<b>Predicted:</b> {format_rate(prediction.tokens_per_s)}, "
+            f"<b>Predicted for {where}:</b> {format_rate(prediction.tokens_per_s)}, "
             f"TTFT {format_ttft(prediction.ttft_s, prediction.prompt_tokens)} "
             f"({prediction.bottleneck}-bound, "
             f"prefetch {'on' if prediction.prefetch else 'off'})"

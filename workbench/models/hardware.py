@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -42,6 +41,7 @@ from typing import Any
 
 from workbench.big_modeling.devices import device_sort_key, normalize_device
 from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.json_files import read_json
 from workbench.big_modeling.sizes import convert_file_size_to_int
 from workbench.models.errors import ProfileError
 
@@ -309,9 +309,17 @@ def _known_gpu_speed(name: str) -> tuple[float, float]:
 
 def _read_profile(path: Path) -> HardwareProfile:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"hardware profile {path} is not readable JSON: {exc}") from exc
+        data = read_json(
+            path,
+            what="a hardware profile (a JSON object with a 'devices' list)",
+            fix="Fix or delete the file; see `workbench profiles --json` for the format.",
+            error=ProfileError,
+            max_nbytes=2**20,  # a profile lists a few devices: 1 MiB is generous
+        )
+    except FileNotFoundError:  # listed by glob, then gone, or a link to nothing
+        raise ProfileError(
+            f"hardware profile {path}: does not exist (deleted, or a link to nothing)"
+        ) from None
     return profile_from_dict(data, source=path)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import logging
 import os
 import re
@@ -27,8 +26,9 @@ from typing import Any
 
 import torch
 
-from workbench.big_modeling.errors import not_utf8_text
+from workbench.big_modeling.json_files import read_json
 from workbench.models.catalog import bundled_config_path, is_bundled_name
+from workbench.models.config_checks import check_config_structure
 from workbench.models.dtypes import parse_dtype
 from workbench.models.errors import ModelSourceError
 from workbench.models.hf_cache import HF_CACHE_PREFIX, resolve_cached_model
@@ -89,6 +89,9 @@ class OpenedModel:
             buffers excluded), sorted.
         unexpected_keys: checkpoint tensors the model does not have, sorted.
         build_s: seconds spent building the empty model.
+        gguf: the ``GGUFHeader`` when the source is a ``.gguf`` file (planning only: convert
+            it with ``workbench.models.gguf_convert.convert_gguf`` to load it), else ``None``.
+        gguf_nbytes: bytes each tensor takes in the GGUF file, by state-dict name.
     """
 
     source: str
@@ -108,6 +111,8 @@ class OpenedModel:
     missing_keys: list[str] = field(default_factory=list)
     unexpected_keys: list[str] = field(default_factory=list)
     build_s: float = 0.0
+    gguf: Any = None
+    gguf_nbytes: dict[str, int] | None = None
 
     @property
     def has_weights(self) -> bool:
@@ -118,14 +123,18 @@ class OpenedModel:
         """A short name for titles: the folder or config stem."""
         if self.folder is not None:
             return self.folder.name
-        return Path(self.source).name.removesuffix(".json")
+        return Path(self.source).name.removesuffix(".json").removesuffix(".gguf")
 
     def with_dtype(self, dtype: str | torch.dtype | None) -> OpenedModel:
         """Return a copy whose tree counts floating weights in ``dtype`` (same model object)."""
         planning = parse_dtype(dtype)
+        if self.gguf_nbytes is not None:  # GGUF bytes are not a torch dtype's: plan converted
+            planning = planning or self.declared_dtype
         return replace(
             self,
-            tree=_tree_for(self.model, self.checkpoint, planning, self.no_split_modules),
+            tree=_tree_for(
+                self.model, self.checkpoint, planning, self.no_split_modules, self.gguf_nbytes
+            ),
             planning_dtype=planning,
         )
 
@@ -216,6 +225,10 @@ def open_model(
             fields, or transformers failing to build the class (named).
         CheckpointError: a corrupt or incomplete checkpoint in the folder.
     """
+    from workbench.models.gguf import is_gguf_path, open_gguf
+
+    if is_gguf_path(source) and not Path(source).expanduser().is_dir():
+        return open_gguf(Path(source).expanduser(), dtype=dtype, progress=progress)
     stage = progress or (lambda _: None)
     planning = parse_dtype(dtype)
     stage(OPEN_STAGES[0])
@@ -274,22 +287,15 @@ def read_config(config_path: Path) -> dict[str, Any]:
             JSON (with line and column), not an object.
     """
     try:
-        raw = config_path.read_bytes()
-    except OSError as exc:
-        raise ModelSourceError(f"cannot read {config_path}: {exc.strerror or exc}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ModelSourceError(
-            f"{not_utf8_text(config_path, raw, exc)}; "
-            "a config.json is JSON text, as transformers' save_pretrained writes it"
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ModelSourceError(
-            f"{config_path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from exc
+        data = read_json(
+            config_path,
+            what="a model config (JSON text, as transformers' save_pretrained writes it)",
+            fix="Fix the file or download the model's config.json again.",
+            error=ModelSourceError,
+            max_nbytes=16 * 2**20,  # the largest real configs are ~100 KB
+        )
+    except FileNotFoundError:
+        raise ModelSourceError(f"{config_path}: no such file") from None
     if not isinstance(data, dict):
         raise ModelSourceError(
             f"{config_path} must hold a JSON object, found {type(data).__name__}"
@@ -333,6 +339,7 @@ def build_config(data: dict[str, Any], config_path: Path) -> Any:
             f"{config_path}: transformers rejects this {model_type} config: {exc}"
         ) from exc
     config._name_or_path = str(config_path.parent)
+    check_config_structure(config, config_path)  # hidden_size 0, -3 layers, 10**12 layers
     return config
 
 
@@ -446,8 +453,9 @@ def _tree_for(
     checkpoint: Any,
     planning: torch.dtype | None,
     no_split: list[str],
+    gguf_nbytes: dict[str, int] | None = None,
 ) -> ModuleTree:
-    stored_nbytes = stored_dtypes = None
+    stored_nbytes, stored_dtypes = gguf_nbytes, None
     if checkpoint is not None:
         stored_nbytes = {name: info.nbytes for name, info in checkpoint.tensors.items()}
         stored_dtypes = {name: info.dtype for name, info in checkpoint.tensors.items()}

@@ -45,6 +45,16 @@ weights arrive; compute decides how fast they are used; memory decides what can 
 """
 
 
+# A ChatML-like template over the demo's own special tokens: enough to exercise the chat path
+# (system prompt, turns, the generation prompt, EOS as end of turn) without a real model.
+DEMO_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ bos_token }}{{ message['role'] }}\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ bos_token }}assistant\n{% endif %}"
+)
+
+
 @dataclass(frozen=True)
 class SpecialTokens:
     """The special tokens of a demo tokenizer for one architecture family."""
@@ -104,10 +114,15 @@ def build_demo_tokenizer(arch: str = "llama", vocab_size: int = DEMO_VOCAB_SIZE)
 
 
 def save_demo_tokenizer(
-    folder: str | os.PathLike[str], arch: str = "llama", vocab_size: int = DEMO_VOCAB_SIZE
+    folder: str | os.PathLike[str],
+    arch: str = "llama",
+    vocab_size: int = DEMO_VOCAB_SIZE,
+    *,
+    chat_template: bool = False,
 ) -> dict[str, int]:
     """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` into
-    ``folder`` so ``AutoTokenizer.from_pretrained(folder)`` loads it.
+    ``folder`` so ``AutoTokenizer.from_pretrained(folder)`` loads it. ``chat_template`` adds
+    ``DEMO_CHAT_TEMPLATE`` (for testing the chat path; the random demo weights cannot chat).
 
     Returns:
         ``{"vocab_size": ..., "bos_token_id": ..., "eos_token_id": ..., "pad_token_id": ...}``
@@ -129,6 +144,8 @@ def save_demo_tokenizer(
         "clean_up_tokenization_spaces": False,
         **special_map,
     }
+    if chat_template:
+        tokenizer_config["chat_template"] = DEMO_CHAT_TEMPLATE
     atomic_write_text(out / "tokenizer_config.json", _dumps(tokenizer_config))
     atomic_write_text(out / "special_tokens_map.json", _dumps(special_map))
     return {

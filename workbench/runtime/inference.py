@@ -1,11 +1,13 @@
-"""Inference tests on a loaded model: greedy generation with streamed tokens, or one forward.
+"""Inference tests on a loaded model: generation with streamed tokens, or one forward.
 
-Causal LMs generate ``max_new_tokens`` tokens greedily with a KV cache, one ``TokenStreamed``
-event per token and one ``TransferBatch`` per forward. Other models run one forward on the
-tokenized prompt (or seeded synthetic token ids), and models that take no text on a synthetic
-input of the shape their config declares (``model_inputs``). The result carries time to first token,
-tokens/s, the last forward's per-layer transfer and compute times, and the speed model's
-prediction for the same plan.
+Causal LMs generate up to ``max_new_tokens`` tokens with a KV cache (greedy or sampled, see
+``sampling``), one ``TokenStreamed`` event per token and one ``TransferBatch`` per forward; a
+chat (``Infer.messages``) is built with the tokenizer's chat template (``chat``) and ends at
+the end-of-turn token. Other models run one forward on the tokenized prompt (or seeded
+synthetic token ids), and models that take no text on a synthetic input of the shape their
+config declares (``model_inputs``). The result carries time to first token, tokens/s, the last
+forward's per-layer transfer and compute times, and the speed model's prediction for the same
+plan on the named hardware.
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ from typing import Any
 import torch
 
 from workbench.big_modeling.devices import to_torch_device
+from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
 from workbench.big_modeling.transfers import TransferEvent, recording_transfers
+from workbench.runtime.chat import chat_prompt, stop_token_ids
 from workbench.runtime.model_inputs import (
     SYNTHETIC_SEED,
+    ModelInputs,
     accepts,
     prepare_input_ids,
     prepare_inputs,
 )
 from workbench.runtime.protocol import Event, Infer, InferenceResult, Phase, TokenStreamed
+from workbench.runtime.sampling import TokenPicker, sampling_dict
 from workbench.runtime.telemetry import TransferRecorder, summarize_layers
 
 logger = logging.getLogger(__name__)
@@ -123,6 +129,30 @@ def _recording(loaded: Any, recorder: TransferRecorder) -> Iterator[None]:
             timer.remove()
 
 
+@contextmanager
+def cancellable_forwards(
+    model: torch.nn.Module, names: list[str], token: CancelToken
+) -> Iterator[None]:
+    """Check ``token`` before each of the modules ``names`` runs, not only between tokens.
+
+    One token of a big offloaded model can take longer than the host's cancel grace period;
+    checked per layer, Stop ends the forward within one layer and the worker keeps its model.
+    The check runs before the engine's hook moves the layer's weights in, so nothing is left
+    on the execution device.
+    """
+    modules = dict(model.named_modules())
+
+    def check(_module: torch.nn.Module, _args: Any) -> None:
+        token.raise_if_cancelled()
+
+    handles = [modules[name].register_forward_pre_hook(check) for name in names if name in modules]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def cache_argument(model: torch.nn.Module) -> tuple[str, str]:
     """The forward's KV-cache keyword and the output's cache attribute.
 
@@ -137,28 +167,89 @@ def cache_argument(model: torch.nn.Module) -> tuple[str, str]:
     return "past_key_values", "past_key_values"
 
 
+def generate_tokens(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    picker: TokenPicker,
+    *,
+    stop_ids: frozenset[int] = frozenset(),
+    token: CancelToken | None = None,
+) -> Iterator[int]:
+    """Generate up to ``max_new_tokens`` token ids after ``input_ids`` ``(1, T)`` with a KV
+    cache, yielding each one as soon as its forward returns; stop after a ``stop_ids`` token.
+
+    Works for our dispatched models and for plain ``transformers`` ones alike (verify compares
+    the two token by token).
+
+    Raises:
+        LoadCancelled: when ``token`` is cancelled between tokens.
+    """
+    ids, past = input_ids, None
+    cache_kw, cache_attr = cache_argument(model)
+    extra = {"logits_to_keep": 1} if accepts(model, "logits_to_keep") else {}
+    seen = [int(i) for i in input_ids[0].tolist()]
+    for _ in range(max_new_tokens):
+        if token is not None:
+            token.raise_if_cancelled()
+        out = model(input_ids=ids, **{cache_kw: past}, use_cache=True, **extra)
+        token_id = picker.pick(out.logits[:, -1, :], seen)
+        seen.append(token_id)
+        past = getattr(out, cache_attr, None)
+        yield token_id
+        if token_id in stop_ids:
+            return
+        next_ids = torch.tensor([[token_id]], dtype=torch.long, device=ids.device)
+        # a model without a cache gets the whole sequence again
+        ids = torch.cat([ids, next_ids], dim=-1) if past is None else next_ids
+
+
+def _prompt(loaded: Any, request: Infer) -> tuple[ModelInputs, str, bool]:
+    """The forward's input, the prompt's text and whether a chat template built it."""
+    if request.messages and loaded.tokenizer is not None:
+        chat = chat_prompt(loaded.tokenizer, request.messages)
+        inputs = ModelInputs({"input_ids": chat.input_ids}, int(chat.input_ids.shape[-1]), True)
+        return inputs, chat.text, chat.chat_template
+    if request.messages:
+        raise BadInputError(
+            f"{getattr(loaded.opened, 'source', 'the model')} has no tokenizer; a chat needs "
+            "one (use a prompt, or a model folder with tokenizer files)"
+        )
+    inputs = prepare_inputs(loaded, request.prompt, request.synthetic_tokens)
+    return inputs, request.prompt or "", False
+
+
 def run_inference(
     loaded: Any, request: Infer, token: CancelToken, emit: Callable[[Event], None]
 ) -> InferenceResult:
     """Run the inference test ``request`` on ``loaded``; emit tokens and transfer batches.
 
     Raises:
+        BadInputError: for bad sampling settings, or a chat the model cannot take.
         LoadCancelled: when ``token`` is cancelled between tokens.
     """
     rid = request.request_id
+    picker = TokenPicker(request.sampling)
     start_s = time.perf_counter()
-    inputs = prepare_inputs(loaded, request.prompt, request.synthetic_tokens)
+    inputs, prompt_text, templated = _prompt(loaded, request)
     inputs = inputs.to(execution_device(loaded.device_map))
     prompt_tokens = inputs.tokens
     recorder = TransferRecorder()
     model = loaded.model
     generate = loaded.summary.is_causal_lm and inputs.text and request.max_new_tokens > 0
+    stop_ids = stop_token_ids(model, loaded.tokenizer) if request.messages else frozenset()
     emit(Phase(rid, "generating" if generate else "forward"))
     new_ids: list[int] = []
     text = streamed = ""
     events: tuple[TransferEvent, ...] = ()
     first_token_s = last_token_s = 0.0
-    with torch.inference_mode(), _recording(loaded, recorder):
+    stop_reason = "forward"
+    checked = timed_module_names(loaded)
+    with (
+        torch.inference_mode(),
+        _recording(loaded, recorder),
+        cancellable_forwards(model, checked, token),
+    ):
         if not generate:
             model(**inputs.kwargs)
             batch = recorder.drain(rid, 0)
@@ -166,15 +257,11 @@ def run_inference(
             events = batch.events
             first_token_s = last_token_s = time.perf_counter()
         else:
-            ids, past = inputs.main, None
-            cache_kw, cache_attr = cache_argument(model)
-            extra = {"logits_to_keep": 1} if accepts(model, "logits_to_keep") else {}
-            for step in range(request.max_new_tokens):
-                token.raise_if_cancelled()
-                out = model(input_ids=ids, **{cache_kw: past}, use_cache=True, **extra)
-                next_id = out.logits[:, -1, :].argmax(dim=-1)  # (B,)
-                past = getattr(out, cache_attr, None)
-                token_id = int(next_id[0])
+            stop_reason = "max_new_tokens"
+            steps = generate_tokens(
+                model, inputs.main, request.max_new_tokens, picker, stop_ids=stop_ids, token=token
+            )
+            for step, token_id in enumerate(steps):
                 now = time.perf_counter()
                 if step == 0:
                     first_token_s = now
@@ -188,10 +275,8 @@ def run_inference(
                     text = loaded.tokenizer.decode(new_ids, skip_special_tokens=True)
                     piece, streamed = next_piece(text, streamed)
                 emit(TokenStreamed(rid, step, token_id, piece, now - start_s))
-                if past is None:  # a model without a cache: feed the whole sequence again
-                    ids = torch.cat([ids, next_id[:, None].to(ids.device)], dim=-1)
-                else:
-                    ids = next_id[:, None].to(ids.device)
+                if token_id in stop_ids:
+                    stop_reason = "eos"
     end_s = time.perf_counter()
     ttft_s = first_token_s - start_s
     if generate and len(new_ids) > 1:
@@ -200,6 +285,7 @@ def run_inference(
         tokens_per_s = 1.0 / max(ttft_s, 1e-9)
     else:  # one forward: prompt tokens per second, or forwards per second for non-text input
         tokens_per_s = max(prompt_tokens, 1) / max(ttft_s, 1e-9)
+    predicted = predict_figures(loaded, request.profile, prompt_tokens)
     return InferenceResult(
         text=text,
         prompt_tokens=prompt_tokens,
@@ -208,8 +294,13 @@ def run_inference(
         tokens_per_s=tokens_per_s,
         total_s=end_s - start_s,
         per_layer=summarize_layers(events),
-        predicted=predict_figures(loaded, request.profile, prompt_tokens),
+        predicted=predicted,
         token_ids=tuple(new_ids),
+        prompt_text=prompt_text,
+        chat_template=templated,
+        stop_reason=stop_reason,
+        sampling=sampling_dict(request.sampling),
+        predicted_for=hardware_name(request.profile) if predicted else "",
     )
 
 
@@ -259,3 +350,13 @@ def predict_figures(
         "ttft_s": float(prediction.ttft_s),
         "prompt_tokens": float(prompt_tokens),
     }
+
+
+def hardware_name(profile: str | Mapping[str, Any] | None) -> str:
+    """The name of the hardware a prediction with ``profile`` is for (``"detected"``: this
+    machine)."""
+    from workbench.models.hardware import DETECTED_NAME
+
+    if isinstance(profile, Mapping):
+        return str(profile.get("name") or "custom")
+    return str(profile) if profile else DETECTED_NAME

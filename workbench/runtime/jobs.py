@@ -280,13 +280,26 @@ def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None])
         BadInputError: for a source without a checkpoint, a bad map, a corrupt checkpoint.
     """
     from workbench.big_modeling import dispatch_model, load_checkpoint_in_model
+    from workbench.big_modeling.devices import check_devices_available
     from workbench.big_modeling.load_plan import normalize_device_map
+    from workbench.models.gguf import is_gguf_path
 
+    check_devices_available(request.device_map)  # before the build: cuda:99, mps, meta named
     rid = request.request_id
     start_s = time.perf_counter()
     dtype = _torch_dtype(request.dtype)
     emit(Phase(rid, "building"))  # read the config, build the empty model
-    opened = open_model_cancellable(request.source, dtype, token)
+    source = request.source
+    if is_gguf_path(source):  # convert for loading: once per file, cached by its hash
+        from workbench.models.gguf_convert import convert_gguf
+
+        source = str(convert_gguf(source, cancel=token))
+    opened = open_model_cancellable(source, dtype, token)
+    record = request.options.get("model_record")  # a wrapped map's fingerprint
+    if record:
+        from workbench.big_modeling.device_map import check_model_record
+
+        check_model_record(record, opened.model, source=request.options.get("map_file", "map"))
     if opened.checkpoint is None:
         raise BadInputError(
             f"{request.source}: has no weights (no safetensors or .bin checkpoint); "
@@ -338,6 +351,7 @@ def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None])
         bytes_total=total,
         is_causal_lm=is_causal_lm(model),
         has_tokenizer=tokenizer is not None,
+        chat_template=bool(getattr(tokenizer, "chat_template", None)),
     )
     return LoadedModel(request, opened, model, device_map, summary, tokenizer)
 

@@ -30,6 +30,8 @@ from typing import Any
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.big_modeling.devices import normalize_device
 from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.sizes import convert_file_size_to_int
+from workbench.runtime.model_context import ModelContext
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +84,8 @@ class Session:
         profile: Any = None,
     ) -> None:
         self.source: str | None = source
-        self.opened: Any = None  # workbench.models.OpenedModel once opened
+        self.context: ModelContext | None = None  # everything derived from the opened model
+        self._generation = 0
         self.device_map: DeviceMap = _normalize_map(device_map or {})
         self.budgets: dict[int | str, int] = _normalize_budgets(budgets or {})
         self.reserve: int = int(reserve)
@@ -129,20 +132,41 @@ class Session:
     # -- the model -----------------------------------------------------------------------
 
     @property
+    def opened(self) -> Any:
+        """The opened model (``workbench.models.OpenedModel``), or ``None`` before ``open``."""
+        return None if self.context is None else self.context.opened
+
+    @property
     def tree(self) -> Any:
         """The opened model's ``ModuleTree``, or ``None`` before ``open``."""
-        return None if self.opened is None else self.opened.tree
+        return None if self.context is None else self.context.tree
 
     def set_source(self, source: str | None, *, reason: str = "") -> None:
         """Point the session at another model; drops the opened model (call ``reopen``)."""
         self.source = None if source is None else str(source)
-        self.opened = None
+        self.context = None
         self._changed("source", reason)
 
     def set_opened(self, opened: Any) -> None:
-        """Attach an ``OpenedModel`` (built elsewhere, e.g. on a thread) to the session."""
-        self.opened = opened
+        """Attach an ``OpenedModel`` (built elsewhere, e.g. on a thread) to the session.
+
+        The same model re-sized (a planning-dtype switch) keeps the current ``context``; the
+        first model for ``source`` gets a new one (``replace_model``).
+        """
+        if self.context is None or self.context.source != str(self.source):
+            self.replace_model(self.source or "", opened)
+            return
+        self.context.opened = opened
         self._changed("opened")
+
+    def replace_model(self, source: str, opened: Any, *, reason: str = "open") -> ModelContext:
+        """Show another model: a new ``ModelContext`` replaces the old one whole (its planner
+        results, reserve and loaded-model record go with it); return the new context."""
+        self.source = str(source)
+        self._generation += 1
+        self.context = ModelContext(self.source, opened, generation=self._generation)
+        self._changed("opened", reason)
+        return self.context
 
     def reopen(self) -> Any:
         """Open ``source`` with ``workbench.models.open_model`` and attach it; return it.
@@ -247,6 +271,15 @@ class Session:
             self.dirty = False
             self._notify(SessionChange(what="dirty"))
 
+    def mark_dirty(self, reason: str = "") -> None:
+        """Say the document holds work no file has (a session recovered after a crash).
+
+        Notifies ``dirty`` when it was clean; the next ``save`` or ``mark_clean`` clears it.
+        """
+        if not self.dirty:
+            self.dirty = True
+            self._notify(SessionChange(what="dirty", reason=reason))
+
     # -- persistence -----------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,7 +306,8 @@ class Session:
         target = Path(path) if path is not None else self.path
         if target is None:
             raise ValueError("Session.save needs a path the first time")
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        # "format" stays first (no sort_keys), so file managers and ``file`` can sniff it
+        text = json.dumps(self.to_dict(), indent=2)
         atomic_write_text(target, text + "\n")
         self.path = target
         self.mark_clean()
@@ -298,7 +332,10 @@ class Session:
             )
         _check_field_types(data, origin)
         try:
-            budgets = {device: int(nbytes) for device, nbytes in data.get("budgets") or []}
+            budgets = {  # the one size parser: 1e400, NaN and -1 are named errors
+                device: convert_file_size_to_int(nbytes)
+                for device, nbytes in data.get("budgets") or []
+            }
             session = cls(
                 source=data.get("source"),
                 device_map=data.get("device_map") or {},
@@ -320,13 +357,16 @@ class Session:
             FileNotFoundError: when ``path`` does not exist.
             SessionFileError: when the file is not a valid session.
         """
+        from workbench.big_modeling.json_files import read_json
+
         target = Path(path)
-        try:
-            data = json.loads(target.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise SessionFileError(
-                f"{target}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from exc
+        data = read_json(
+            target,
+            what="a workbench session",
+            fix="Open another session, or delete this file.",
+            error=SessionFileError,
+            max_nbytes=64 * 2**20,  # a session holds one map: 64 MiB is a 1M-key map
+        )
         session = cls.from_dict(data, origin=str(target))
         session.path = target
         return session

@@ -4,11 +4,13 @@ The reference is built by ``transformers`` from the same folder (``from_pretrain
 the dispatched model's dtype), so it shares no code with our engine. Both models see the same
 input ids; the logits are compared element by element. On CPU with the same dtype the math is
 identical, so ``exact`` is expected; on GPUs small differences are normal and ``atol``/``rtol``
-set the bar.
+set the bar. With ``Verify.greedy_tokens`` both models also continue the prompt greedily and
+the tokens are compared one by one: the check a reader can see on a real model's text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -144,6 +146,50 @@ def choose_mode(loaded: Any, mode: str) -> str:
     return "full" if reference_nbytes(loaded) <= FULL_COPY_RAM_FRACTION * available else "layers"
 
 
+def compare_greedy(
+    loaded: Any,
+    reference: torch.nn.Module,
+    inputs: ModelInputs,
+    steps: int,
+    token: CancelToken,
+    result: VerifyResult,
+) -> VerifyResult:
+    """``result`` with ``steps`` greedy tokens of the dispatched model and of ``reference``
+    compared token by token (each model continues its own text, so the first difference
+    counts and the rest follow from it)."""
+    from workbench.runtime.inference import generate_tokens
+    from workbench.runtime.sampling import Sampling, TokenPicker
+
+    ids = inputs.main
+    with torch.inference_mode():
+        dispatched = list(
+            generate_tokens(
+                loaded.model,
+                ids.to(execution_device(loaded.device_map)),
+                steps,
+                TokenPicker(Sampling()),
+                token=token,
+            )
+        )
+        expected = list(
+            generate_tokens(reference, ids, steps, TokenPicker(Sampling()), token=token)
+        )
+    matched = next(
+        (i for i, (a, b) in enumerate(zip(dispatched, expected, strict=True)) if a != b), steps
+    )
+    tokenizer = loaded.tokenizer
+    texts = ("", "")
+    if tokenizer is not None:
+        texts = tuple(tokenizer.decode(t, skip_special_tokens=True) for t in (dispatched, expected))
+    return dataclasses.replace(
+        result,
+        greedy_compared=steps,
+        greedy_matched=matched,
+        greedy_text=texts[0],
+        greedy_reference_text=texts[1],
+    )
+
+
 def run_verify(
     loaded: Any, request: Verify, token: CancelToken, emit: Callable[[Event], None]
 ) -> VerifyResult:
@@ -167,9 +213,12 @@ def run_verify(
     try:
         with torch.inference_mode():
             expected = _logits(reference(**forward_kwargs(reference, inputs)))
+        result = compare_outputs(actual, expected, atol=request.atol, rtol=request.rtol)
+        if request.greedy_tokens > 0 and inputs.text and loaded.summary.is_causal_lm:
+            emit(Phase(rid, "verify: greedy continuation"))
+            result = compare_greedy(loaded, reference, inputs, request.greedy_tokens, token, result)
     finally:
         del reference
-    result = compare_outputs(actual, expected, atol=request.atol, rtol=request.rtol)
     logger.info(
         "verify %s in %.2f s: max abs %.3g, max rel %.3g",
         "passed" if result.passed else "FAILED",

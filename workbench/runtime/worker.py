@@ -6,6 +6,11 @@ killed by SIGKILL, a segfault or the OOM killer is reported as ``WorkerExited`` 
 signal) plus ``Failed(kind="worker_died")`` for the job it was running. The callback runs on
 the reader thread; a GUI bridge re-emits the events as Qt signals.
 
+A load that does not finish (cancelled or failed) leaves its memory in the process: freed
+tensors stay in the allocator's arenas and a cancelled build may still be running. So the host
+retires that worker (it exits, and the system gets every byte back) and starts a fresh one at
+once, which imports in the background; ``WorkerExited`` is not reported for a retired worker.
+
 The host owns one temporary offload folder per load (named after the host's pid) and deletes
 it on cancel, unload, failure, worker death and shutdown, so a crash leaves no files behind;
 when a host itself dies, the next host's ``start()`` sweeps the folders of dead hosts.
@@ -26,7 +31,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -44,11 +49,13 @@ from workbench.runtime.protocol import (
     Progress,
     Request,
     Result,
+    Sampling,
     Shutdown,
     StateChanged,
     TelemetrySample,
     TransferBatch,
     Verify,
+    WorkerReady,
 )
 from workbench.runtime.telemetry import DEFAULT_SAMPLE_HZ, MemoryHistory, TransferHistory
 from workbench.runtime.worker_exit import exit_events, terminate
@@ -117,6 +124,12 @@ class WorkerHost:
         self._cancel_deadline: float | None = None
         self._terminated_for_cancel = False
         self._expect_exit = False
+        # workers replaced after a load that did not finish: process -> terminate-after time
+        self._retired: dict[Any, float] = {}
+        self.retired_pids: list[int] = []  # every retired worker's pid, oldest first
+        self._ready = threading.Event()  # the current worker sent WorkerReady
+        self._started_s: float | None = None
+        self.warmup_s: float | None = None  # start() to WorkerReady of the current worker
         self.offload_folder: Path | None = None
         self.last_load: Load | None = None
 
@@ -135,6 +148,19 @@ class WorkerHost:
     def is_alive(self) -> bool:
         process = self._process
         return process is not None and process.is_alive()
+
+    @property
+    def ready(self) -> bool:
+        """True once the running worker has done its imports (``WorkerReady``): warm."""
+        return self._process is not None and self._ready.is_set()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """Block until the running worker is warm (tests, benchmarks). False on timeout."""
+        return self._ready.wait(timeout_s) and self._process is not None
+
+    def wait_retired(self, timeout_s: float = 30.0) -> None:
+        """Block until every retired worker has exited and been reaped (tests)."""
+        self._reap_retired(timeout_s)
 
     def start(self) -> None:
         """Spawn the worker (no-op when it runs). Returns at once; the worker imports lazily."""
@@ -158,6 +184,9 @@ class WorkerHost:
                 name="workbench-worker",
                 daemon=True,
             )
+            self._ready.clear()
+            self.warmup_s = None
+            self._started_s = time.monotonic()
             process.start()
             req_recv.close()  # the child's ends live in the child now
             ev_send.close()
@@ -212,12 +241,14 @@ class WorkerHost:
         max_new_tokens: int = 16,
         synthetic_tokens: int = 8,
         profile: str | Mapping[str, Any] | None = None,
+        messages: Sequence[tuple[str, str]] = (),
+        sampling: Sampling | None = None,
     ) -> int:
         """Run an inference test on the loaded model; return the request id.
 
         ``profile`` is the hardware the speed prediction is for: a profile name, a profile's
         ``to_dict()`` data (a what-if profile the worker cannot look up by name), or ``None``
-        for the detected hardware.
+        for the detected hardware. ``messages`` (a chat) and ``sampling``: see ``Infer``.
 
         Raises:
             WorkerStateError: when no model is loaded or a job runs.
@@ -230,6 +261,8 @@ class WorkerHost:
                 max_new_tokens=int(max_new_tokens),
                 synthetic_tokens=int(synthetic_tokens),
                 profile=dict(profile) if isinstance(profile, Mapping) else profile,  # type: ignore[arg-type]
+                messages=tuple((str(role), str(text)) for role, text in messages),
+                sampling=sampling or Sampling(),
             )
             return self._submit(request)
 
@@ -241,10 +274,12 @@ class WorkerHost:
         atol: float = 0.0,
         rtol: float = 0.0,
         mode: str = "auto",
+        greedy_tokens: int = 0,
     ) -> int:
         """Compare the dispatched model with an undispatched CPU copy; return the request id.
 
-        ``mode``: ``"full"``, ``"layers"`` (unit by unit) or ``"auto"`` (full when it fits).
+        ``mode``: ``"full"``, ``"layers"`` (unit by unit) or ``"auto"`` (full when it fits);
+        ``greedy_tokens``: also compare that many greedy tokens (see ``Verify``).
         """
         with self._lock:
             self._require_loaded("verify")
@@ -255,6 +290,7 @@ class WorkerHost:
                 atol=atol,
                 rtol=rtol,
                 mode=mode,
+                greedy_tokens=int(greedy_tokens),
             )
             return self._submit(request)
 
@@ -287,6 +323,7 @@ class WorkerHost:
             process, reader = self._process, self._reader
             if process is None:
                 self._remove_offload_folder()
+                self._reap_retired(timeout_s)
                 return
             self._expect_exit = True
             self._cancel_all_quietly()
@@ -301,6 +338,7 @@ class WorkerHost:
                 terminate(process)
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout_s)
+        self._reap_retired(timeout_s)
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
         """Block until no job is pending (tests, CLI). Return False on timeout."""
@@ -373,7 +411,12 @@ class WorkerHost:
     def _read_loop(self, process: Any, events: Connection) -> None:
         try:
             while True:
-                deadline = self._cancel_deadline
+                retire_by = self._retired.get(process)
+                if retire_by is not None and time.monotonic() >= retire_by:
+                    logger.warning("retired worker %s did not exit; terminating it", process.pid)
+                    with self._reap_lock:
+                        terminate(process)
+                deadline = None if retire_by is not None else self._cancel_deadline
                 if deadline is not None and time.monotonic() >= deadline:
                     logger.warning("worker did not answer cancel in time; terminating it")
                     self._terminated_for_cancel = True
@@ -391,7 +434,7 @@ class WorkerHost:
                     except (EOFError, OSError):
                         ready = [process.sentinel]
                     else:
-                        self._handle(event)
+                        self._handle(event, process)
                         continue
                 if process.sentinel in ready:
                     self._handle_exit(process, events)
@@ -399,12 +442,18 @@ class WorkerHost:
         finally:
             events.close()
 
-    def _handle(self, event: Event) -> None:
+    def _handle(self, event: Event, process: Any = None) -> None:
+        if process is not None and process is not self._process:
+            return  # a retired worker's last words (telemetry, logs) are not news
         if isinstance(event, (Phase, Progress)):
             trace = self._traces.get(event.request_id)
             if trace is not None:
                 trace.see(event)
-        if isinstance(event, TelemetrySample):
+        if isinstance(event, WorkerReady):
+            if self._started_s is not None:
+                self.warmup_s = time.monotonic() - self._started_s
+            self._ready.set()
+        elif isinstance(event, TelemetrySample):
             self.memory.add(event)
         elif isinstance(event, TransferBatch):
             self.transfers.add(event)
@@ -412,29 +461,62 @@ class WorkerHost:
             with self._lock:
                 kind = self._pending.pop(event.request_id)
                 self._traces.pop(event.request_id, None)
+                unfinished_load = kind == "load" and not isinstance(event, Result)
+                if kind == "load":
+                    self._model_loaded = not unfinished_load
+                    if unfinished_load:
+                        self._remove_offload_folder()
+                if unfinished_load and process is not None and process is self._process:
+                    self._replace_worker(process)  # before the news: the host is idle again
                 if not self._pending:
                     self._cancel_deadline = None
                     self._idle.notify_all()
-                if kind == "load":
-                    self._model_loaded = isinstance(event, Result)
-                    if not self._model_loaded:
-                        self._remove_offload_folder()
             self._deliver(event)
             self._update_state()
             return
         self._deliver(event)
+
+    def _replace_worker(self, process: Any) -> None:
+        """Retire ``process`` (it exits; its reader reaps it) and start a fresh worker.
+
+        Called with the lock held, on ``process``'s reader thread.
+        """
+        self._retired[process] = time.monotonic() + max(self.cancel_grace_s, 5.0)
+        self.retired_pids.append(process.pid)
+        requests = self._requests
+        self._process = self._requests = self._reader = None
+        if requests is not None:
+            with contextlib.suppress(OSError), self._send_lock:
+                requests.send(Shutdown(request_id=self._new_id()))
+            requests.close()  # a worker that missed the Shutdown sees its pipe close and exits
+        logger.info("worker %s retired after an unfinished load; starting a fresh one", process.pid)
+        self.start()
+
+    def _reap_retired(self, timeout_s: float) -> None:
+        """Wait for retired workers to exit (terminating those that linger)."""
+        for process in list(self._retired):
+            with self._reap_lock:
+                process.join(timeout_s)
+                if process.is_alive():
+                    terminate(process)
+            self._retired.pop(process, None)
 
     def _handle_exit(self, process: Any, events: Connection) -> None:
         while True:  # events written just before death still count
             try:
                 if not events.poll():
                     break
-                self._handle(events.recv())
+                self._handle(events.recv(), process)
             except (EOFError, OSError):
                 break
         with self._reap_lock:
             process.join()
             exitcode = process.exitcode
+        if process is not self._process:  # retired: replaced by a fresh worker already
+            with self._lock:
+                self._retired.pop(process, None)
+            logger.debug("retired worker %s exited with %s", process.pid, exitcode)
+            return
         with self._lock:
             expected = self._expect_exit or self._terminated_for_cancel
             cancelled = self._terminated_for_cancel
@@ -448,6 +530,7 @@ class WorkerHost:
             self._model_loaded = False
             self._process = None
             self._requests = None
+            self._ready.clear()
             self._remove_offload_folder()
         for event in exit_events(
             process.pid,

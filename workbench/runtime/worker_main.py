@@ -14,6 +14,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -29,6 +30,7 @@ from workbench.runtime.protocol import (
     Request,
     Shutdown,
     Verify,
+    WorkerReady,
 )
 from workbench.runtime.telemetry import MemorySampler
 
@@ -153,7 +155,11 @@ def worker_main(
     log_level: int = logging.WARNING,
     preload: bool = False,
 ) -> None:
-    """Entry point of the worker process (the target ``WorkerHost`` spawns)."""
+    """Entry point of the worker process (the target ``WorkerHost`` spawns).
+
+    Sends ``WorkerReady`` once the imports a load needs are done (at once without ``preload``).
+    """
+    start_s = time.perf_counter()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the host, which shuts us down
     send = _Sender(events)
     forwarder = _LogForwarder(send, max(logging.INFO, log_level or logging.WARNING))
@@ -172,6 +178,7 @@ def worker_main(
     runner = JobRunner(send)
     if preload:
         _preload()
+    send(WorkerReady(pid=os.getpid(), warmup_s=time.perf_counter() - start_s))
     try:
         while True:
             request = listener.jobs.get()

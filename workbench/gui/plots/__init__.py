@@ -56,11 +56,15 @@ def device_qcolor(device: str | int) -> QColor:
             return QColor(device_color(device))
         except Exception:  # colours are cosmetic; a missing or failing module never breaks plots
             pass
-    if text.isdigit():
-        text = f"cuda:{text}"
-    if text.startswith("cuda:"):
-        index = int(text.split(":", 1)[1] or 0)
-        return QColor(_GPU_COLORS[index % len(_GPU_COLORS)])
+    from workbench.big_modeling.devices import normalize_device
+    from workbench.big_modeling.errors import BadInputError
+
+    try:  # the one device parser ("1", "cuda:1" -> 1; never "\u00b2" or "\u0661")
+        canonical = normalize_device(device)
+    except BadInputError:
+        canonical = text
+    if isinstance(canonical, int):
+        return QColor(_GPU_COLORS[canonical % len(_GPU_COLORS)])
     return QColor(_FALLBACK_COLORS.get(text, "#7f7f7f"))
 
 

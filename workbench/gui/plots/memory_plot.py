@@ -9,6 +9,11 @@ plus a short "tail" curve holding the samples since the body was last set, so Qt
 tail's small rectangle; the tail folds into the body once it spans ``_TAIL_PX`` pixels. Bodies
 get only the visible slice, with clip-to-view and peak downsampling, so a window at rest fed 10
 samples a second stays well under 5% of a core.
+
+The y range fits the worker's own lines (rss, CUDA memory). A reference line (a device budget,
+the system's available memory) is fitted too when it is within ``OFF_SCALE_FACTOR`` times the
+worker's peak; one further up would flatten the worker's lines to the floor, so it stays off the
+scale and the row above the plot names it with its value ("▲ off scale: cpu budget 22.2 GiB").
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QGraphicsItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QLabel, QVBoxLayout, QWidget
 
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.gui.plots import (
@@ -51,6 +56,8 @@ _BUDGET_LABEL_SPAN = (0.02, 0.72)  # where a budget label may sit along x: not u
 _X_MARGIN = 0.02  # the x range starts this fraction of its span left of the first event
 _TAIL_PX = 256.0  # a tail wider than this folds into its body (a full redraw)
 _X_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)  # finer than y: little blank time on the right
+_REFERENCE_SERIES = ("system available",)  # context, not what the worker holds
+OFF_SCALE_FACTOR = 3.0  # a reference line up to 3x the worker's peak is fitted; higher, marked
 
 
 class SampleRing:
@@ -143,6 +150,7 @@ class MemoryPlot(QWidget):
         item = self.plot_widget.getPlotItem()
         item.setLabel("bottom", "time", units="s")
         item.setLabel("left", "memory (GiB)")
+        item.getAxis("left").enableAutoSIPrefix(False)  # GiB stay GiB: no "(x0.001)" at 200 MiB
         item.showGrid(x=True, y=True, alpha=0.25)
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
@@ -154,6 +162,14 @@ class MemoryPlot(QWidget):
         self._y_max = 0.0
         cache_static_parts(item)
         self.controls = PlotControls(self, self)
+        self.off_scale_label = QLabel("", self.controls)
+        self.off_scale_label.setObjectName("offScaleLabel")
+        self.off_scale_label.setToolTip(
+            "Lines above the plotted range: the y axis fits the worker's memory so its lines "
+            "are readable. Hide series in the legend to refit."
+        )
+        self.controls.layout().addWidget(self.off_scale_label)
+        self.off_scale: dict[str, float] = {}  # reference lines above the range: name -> GiB
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.controls)
@@ -380,7 +396,12 @@ class MemoryPlot(QWidget):
         if (t_s[-1] - end_s) / s_per_px > _TAIL_PX:
             return False
         rows = slice(len(t_s) - since - 1, len(t_s))  # from the bodies' last sample on
-        new = values[rows, [col for col, name in enumerate(self._ring.names) if self._shown(name)]]
+        fitted = [
+            col
+            for col, name in enumerate(self._ring.names)
+            if self._shown(name) and name not in _REFERENCE_SERIES
+        ]
+        new = values[rows, fitted]  # a reference line may sit above the range: not a reason
         if np.isfinite(new).any() and np.nanmax(new) > self._y_max * GIB:
             return False
         for col, name in enumerate(self._ring.names):
@@ -424,17 +445,47 @@ class MemoryPlot(QWidget):
         margin = (self._x_max - first_s) * _X_MARGIN  # a marker at the start is not on the axis
         x_min = max(first_s - margin, self._x_max - window_s)
         self._x_min = x_min
-        shown = [col for col, name in enumerate(self._ring.names) if self._shown(name)]
         first = max(0, int(np.searchsorted(self._ring.view()[0], x_min)) - 1)
-        visible = values[first:, shown]
-        peak = np.nanmax(visible) if visible.size and not np.isnan(visible).all() else GIB
-        peak_gib = max([float(peak) / GIB, *(line.value() for line in self._budget_lines.values())])
+        data_gib, references = self._peaks_in_view(values[first:])
+        if data_gib is None:  # nothing of the worker's shown yet: fit the references
+            peak_gib = max([1.0, *references.values()])
+        else:
+            limit = max(data_gib, 1 / 1024) * OFF_SCALE_FACTOR
+            peak_gib = max([data_gib, *(v for v in references.values() if v <= limit)])
         if peak_gib > self._y_max or peak_gib < self._y_max / 4:
             self._y_max = nice_ceiling(peak_gib * 1.1)
+        self._show_off_scale({name: v for name, v in references.items() if v > self._y_max})
         view_box = self.plot_widget.getPlotItem().getViewBox()
         view_box.setRange(xRange=(x_min, self._x_max), yRange=(0.0, self._y_max), padding=0)
         self._place_budget_labels()
         return x_min
+
+    def _peaks_in_view(self, values: np.ndarray) -> tuple[float | None, dict[str, float]]:
+        """The worker's peak (GiB, None without data) and each shown reference line's value:
+        budgets, and the newest "system available" (GiB)."""
+        data_peak: float | None = None
+        references = {f"{name} budget": line.value() for name, line in self._budget_lines.items()}
+        for col, name in enumerate(self._ring.names):
+            column = values[:, col]
+            if not self._shown(name) or not np.isfinite(column).any():
+                continue
+            if name in _REFERENCE_SERIES:
+                references[name] = float(column[np.isfinite(column)][-1]) / GIB
+            else:
+                peak = float(np.nanmax(column)) / GIB
+                data_peak = peak if data_peak is None else max(data_peak, peak)
+        return data_peak, references
+
+    def _show_off_scale(self, off_scale: dict[str, float]) -> None:
+        if off_scale == self.off_scale:
+            return
+        self.off_scale = off_scale
+        parts = []
+        for name, gib in sorted(off_scale.items(), key=lambda item: item[1]):
+            device = name.split(" ", 1)[0]
+            color = device_qcolor("system" if name in _REFERENCE_SERIES else device).name()
+            parts.append(f'<span style="color:{color}">{name} {gib:.1f} GiB</span>')
+        self.off_scale_label.setText("▲ off scale: " + " · ".join(parts) if parts else "")
 
     def _place_budget_labels(self) -> None:
         """Put each budget's label in the widest gap between marker lines, left of the legend,

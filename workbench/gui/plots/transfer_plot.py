@@ -42,6 +42,7 @@ from workbench.gui.plots import (
 _COMPUTE_COLOR = "#b0b0b0"
 _PEAK_COLOR = "#6a3d9a"
 _BAR_WIDTH = 0.8
+_HEADROOM = 1.25  # the bar plot's y range over its tallest bar or line
 _OVERLAP_MARGIN = 0.9  # a transfer under 90% of its time at peak counts as overlapped
 MIN_PLOT_HEIGHT = 150  # px of plots below the buttons: the bars stay readable in a low dock
 _LEGEND_ROW_PX = 22
@@ -93,6 +94,7 @@ class TransferPlot(QWidget):
         self.bar_plot = self.graphics.addPlot(row=1, col=0)
         _compact_title(self.bar_plot, "Last forward: time per layer (x: layer index)")
         self.bar_plot.setLabel("left", "time (ms)")
+        self.bar_plot.getAxis("left").enableAutoSIPrefix(False)  # ms stay ms: no "(x0.001)"
         self.bar_plot.showGrid(y=True, alpha=0.25)
         self.compute_bars = pg.BarGraphItem(
             x=[], height=[], width=_BAR_WIDTH, brush=_COMPUTE_COLOR, name="compute"
@@ -157,6 +159,7 @@ class TransferPlot(QWidget):
             layout.setColumnStretchFactor(column, stretch)
         layout.setRowFixedHeight(0, _LEGEND_ROW_PX)
         layout.setRowStretchFactor(1, 1)
+        self._redraw_heat()  # the empty map's axes: one step, no layers
         self.graphics.scene().sigMouseMoved.connect(self._on_scene_mouse_moved)
         for plot in (self.bar_plot, self.bw_plot, self.heat_plot):
             cache_static_parts(plot)
@@ -186,8 +189,12 @@ class TransferPlot(QWidget):
             self._layers.append(name)
         self._mark_stale("bars", "prediction", "heat")
 
-    def set_prediction(self, predicted_s: Mapping[str, float]) -> None:
-        """Show the speed model's predicted time per module (seconds) as a dashed step line."""
+    def set_prediction(self, predicted_s: Mapping[str, float], label: str = "predicted") -> None:
+        """Show the speed model's predicted time per module (seconds) as a dashed step line,
+        named ``label`` in the legend (which hardware it is for: "predicted for this machine")."""
+        for sample, text_item in self.legend.items:
+            if sample.item is self.predicted_curve and text_item.text != label:
+                text_item.setText(label)
         self._predicted_s = {str(k): float(v) for k, v in predicted_s.items()}
         self.set_layers(list(self._predicted_s))
         self._mark_stale("prediction")
@@ -482,12 +489,13 @@ class TransferPlot(QWidget):
         self.overlap_points.setData(x=overlap_x, y=overlap_y)
 
     def _fit_bar_y(self) -> None:
-        """Fit y to the tallest bar or line, with a little room above it."""
+        """Fit y to the tallest bar or line, with room above it: a dashed prediction at the
+        top must not merge with (or be clipped by) the frame."""
         last = self._history[-1] if self._history else []
         tops = [(t.transfer_s + t.compute_s) * 1e3 for t in last]
         tops += [(self.at_peak_s(t) or 0.0) * 1e3 for t in last]
         tops += [v * 1e3 for v in self._predicted_s.values()]
-        self.bar_plot.setYRange(0.0, max([*tops, 1e-3]) * 1.1, padding=0)
+        self.bar_plot.setYRange(0.0, max([*tops, 1e-3]) * _HEADROOM, padding=0)
 
     def _redraw_prediction(self) -> None:
         if self._predicted_s:
@@ -499,6 +507,11 @@ class TransferPlot(QWidget):
 
     def _redraw_heat(self) -> None:
         steps = len(self._history)
+        # the image spans (0, 0)-(steps, layers): show exactly that, and an empty map as one
+        # step of its layers rather than pyqtgraph's empty-view default (-500 to 500)
+        self.heat_plot.setRange(
+            xRange=(0, max(steps, 1)), yRange=(0, max(len(self._layers), 1)), padding=0
+        )
         if steps == 0 or not self._layers:
             self.heat_image.clear()
             return

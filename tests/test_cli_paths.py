@@ -1,0 +1,49 @@
+"""`workbench PATH` is `workbench --open PATH`; subcommands and typos keep argparse's rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.cli import _positional_source_as_open, build_parser, looks_like_source
+from workbench.platform_integration import _is_subcommand
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return build_parser()
+
+
+def parse(parser, argv):
+    return parser.parse_args(_positional_source_as_open(parser, list(argv)))
+
+
+def test_a_positional_path_opens_the_gui_on_it(parser, tmp_path):
+    session = tmp_path / "s.wbsession.json"
+    session.write_text("{}")
+    for argv in ([str(session)], ["-v", str(session)], [str(tmp_path)], ["./model"]):
+        args = parse(parser, argv)
+        assert args.command is None and args.open == argv[-1], argv
+    assert parse(parser, ["hf-cache:org/repo"]).open == "hf-cache:org/repo"
+
+
+def test_subcommands_options_and_typos_are_unchanged(parser, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan").mkdir()  # a folder named like a subcommand: the subcommand wins
+    assert parse(parser, ["plan", "gpt2"]).command == "plan"
+    assert parse(parser, ["--open", "gpt2"]).open == "gpt2"
+    with pytest.raises(SystemExit):
+        parse(parser, ["plann"])
+    assert "invalid choice: 'plann'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(parser, ["--open", "a.json", "b.json"])
+    assert "not both" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(parser, ["--demo", "a.json"])
+    assert "not allowed with argument --demo" in capsys.readouterr().err
+
+
+def test_the_bundle_smoke_hook_sees_path_launches_as_gui(tmp_path):
+    assert not _is_subcommand([str(tmp_path / "s.json")])
+    assert not _is_subcommand(["./folder"])
+    assert _is_subcommand(["plan", "gpt2"])
+    assert looks_like_source(str(tmp_path)) and not looks_like_source("plan")
