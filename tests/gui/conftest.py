@@ -27,9 +27,15 @@ def _isolated_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     from PySide6.QtCore import QSettings
 
     root = tmp_path_factory.mktemp("qt-settings")
-    saved = {key: os.environ.get(key) for key in ("XDG_DATA_HOME", "XDG_CONFIG_HOME")}
+    saved = {
+        key: os.environ.get(key)
+        for key in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "WORKBENCH_WARM_WORKER")
+    }
     os.environ["XDG_DATA_HOME"] = str(root / "data")
     os.environ["XDG_CONFIG_HOME"] = str(root / "config")
+    # no background worker for windows the tests open through the app's own entry points
+    # (tests/gui/test_worker_warmup.py turns it on for its window)
+    os.environ["WORKBENCH_WARM_WORKER"] = "0"
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
     for fmt in (QSettings.Format.IniFormat, QSettings.Format.NativeFormat):
         QSettings.setPath(fmt, QSettings.Scope.UserScope, str(root / "settings"))

@@ -311,6 +311,60 @@ def test_verify_results_are_logged(qtbot, panel, caplog) -> None:
     ]
 
 
+GREEDY_PASS = VerifyResult(
+    True, 0.0, 0.0, True, "undispatched cpu", (1, 5, 32), greedy_compared=16, greedy_matched=16
+)
+
+
+def test_a_new_run_clears_the_verdict_of_an_earlier_verify(qtbot, panel) -> None:
+    host = panel.bridge.host
+    panel.max_tokens_spin.setValue(16)
+    panel.verify_button.click()
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        host.play(Result(1, "verify", GREEDY_PASS))
+    assert "greedy 16/16 tokens identical" in panel.verify_label.text()
+    panel.prompt_edit.setPlainText("Another prompt")
+    panel.max_tokens_spin.setValue(64)
+    panel.run_button.click()
+    assert panel.verify_label.text() == "not verified" and panel.verify_label.toolTip() == ""
+    _stop(qtbot, panel, 2, *[TokenStreamed(2, i, 7, "x", 0.05 + 0.1 * i) for i in range(37)])
+    assert panel.tokens_label.text() == "37 new (stopped)"
+    assert panel.verify_label.text() == "not verified"
+    # the history keeps both runs, the verdict with its own run
+    verify_record, infer_record = panel.history.model.records
+    assert verify_record.verify["passed"] and verify_record.verify["greedy_compared"] == 16
+    assert infer_record.max_new_tokens == 64 and infer_record.verify is None
+
+
+def test_a_verify_for_a_model_switched_away_is_logged_not_shown(qtbot, panel, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="workbench.gui.inference_panel")
+    host = panel.bridge.host
+    panel.verify_button.click()
+    assert panel.verify_label.text() == "verifying…"
+    panel.clear_results()  # another model came on screen while the verify ran
+    with qtbot.waitSignal(panel.run_finished, timeout=5000) as finished:
+        host.play(Result(1, "verify", GREEDY_PASS))
+    assert panel.verify_label.text() == "not verified"
+    assert finished.args[0].verify["passed"] and panel.history.model.records[0].status == "done"
+    assert panel.status_label.text() == "verify run 1 done for another model; see history"
+    messages = [r.getMessage() for r in caplog.records if r.name.endswith("inference_panel")]
+    assert messages == [
+        f"verify run 1 (map {map_digest(MAP_A)}): PASS, max abs diff 0, max rel diff 0"
+        " (for a model no longer on screen: not shown)"
+    ]
+    # a failure of such a verify is not shown either; the next verify shows its verdict again
+    panel.verify_button.click()
+    panel.clear_results()
+    with qtbot.waitSignal(panel.bridge.failed, timeout=5000):
+        host.play(Failed(2, "verify failed: RuntimeError: boom", job="verify"))
+    assert panel.verify_label.text() == "not verified"
+    assert panel.history.model.records[1].status == "failed"
+    panel.verify_button.click()
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        host.play(Result(3, "verify", GREEDY_PASS))
+    assert "greedy 16/16 tokens identical" in panel.verify_label.text()
+
+
 def test_ctrl_enter_in_the_prompt_runs(qtbot, panel) -> None:
     host = panel.bridge.host
     panel.prompt_edit.setPlainText("hello")

@@ -18,6 +18,7 @@ from user_input import compare_strategies
 
 from workbench.gui.tree_model import modules_mime_data
 from workbench.runtime.load_check import check_load
+from workbench.runtime.protocol import Result
 
 pytestmark = pytest.mark.gui
 
@@ -129,15 +130,97 @@ def test_an_all_disk_plan_loads_and_another_model_never_shows_its_results(
     assert "not the model on screen" in inference.loaded_label.text()
     assert window.session.context.loaded is None  # nothing of this model is loaded
 
-    # and back, unloading: nothing is loaded and Run is off
+    # and back: the loaded model's own source is not asked about, Run acts on it again
     window.open_replacing(str(demo_dir))
+    _discard_if_asked(qtbot, window)
+    assert window.unload_prompt is None
+    qtbot.waitUntil(lambda: window.session.source == str(demo_dir), timeout=60_000)
+    qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=5000)
+    assert window.session.context.loaded.source == str(demo_dir)
+    assert "not the model on screen" not in inference.loaded_label.text()
+
+    # loaded again, then another model, unloading: nothing is loaded and Run is off
+    window.session.set_device_map(dict(auto.plan.device_map))
+    qtbot.waitUntil(panels.load_action.isEnabled, timeout=5000)
+    with qtbot.waitSignal(panels.controller.load_finished, timeout=LOAD_TIMEOUT_MS):
+        panels.load_action.trigger()
+    window.open_replacing(str(whatif_config))
     _discard_if_asked(qtbot, window)
     with qtbot.waitSignal(
         panels.bridge.state_changed, check_params_cb=lambda s: s == "idle", timeout=60_000
     ):
         _answer_unload_prompt(qtbot, window, "Unload")
-    qtbot.waitUntil(lambda: window.session.source == str(demo_dir), timeout=60_000)
+    qtbot.waitUntil(lambda: window.session.source == str(whatif_config), timeout=60_000)
     qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=5000)
     assert not panels.controller.loaded
     assert inference.loaded_label.text() == "Runs on: no model loaded"
     assert not inference.run_button.isEnabled()
+
+
+def _load_without_a_worker(qtbot, window, monkeypatch) -> None:
+    """Load & dispatch the session's map; the worker's answer is the bridge's own signal."""
+    panels = window.runtime_panels
+    monkeypatch.setattr(panels.bridge, "load", lambda *_args, **_kwargs: 41)
+    window.session.set_device_map({"": "cpu"})
+    qtbot.waitUntil(panels.load_action.isEnabled, timeout=5000)
+    panels.load_action.trigger()
+    assert panels.controller.busy
+    with qtbot.waitSignal(panels.controller.load_finished, timeout=5000):
+        panels.bridge.result.emit(Result(41, "load", None))
+    assert panels.controller.loaded and not panels.controller.stale
+
+
+def _open_and_wait(qtbot, window, source: str, answer: str | None) -> None:
+    """Open ``source`` as File > Recent does; answer the unload prompt, or check none came."""
+    window.open_replacing(source)
+    _discard_if_asked(qtbot, window)
+    if answer is None:
+        assert window.unload_prompt is None
+    else:
+        _answer_unload_prompt(qtbot, window, answer)
+    qtbot.waitUntil(lambda: window.session.source == source, timeout=60_000)
+    qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=5000)
+
+
+@pytest.mark.slow  # opens the demo with transformers
+def test_another_model_kept_loaded_offers_no_reload_and_the_question_comes_once(
+    qtbot, demo_window, demo_dir, whatif_config, monkeypatch
+) -> None:
+    from workbench.resources import resource_path
+
+    window = demo_window
+    panels = window.runtime_panels
+    controller, widget = panels.controller, panels.controller.progress_widget
+    _load_without_a_worker(qtbot, window, monkeypatch)
+
+    # the loaded model's own source, from File > Recent: not asked, it is the loaded one again
+    recent = next(a for a in window.recent_menu.actions() if a.text() == str(demo_dir))
+    before = window.session.context
+    recent.trigger()
+    _discard_if_asked(qtbot, window)
+    assert window.unload_prompt is None
+    qtbot.waitUntil(lambda: window.session.context is not before, timeout=60_000)
+    qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=5000)
+    assert window.session.context.loaded is not None
+    assert window.session.context.loaded.source == str(demo_dir)
+    assert "not the model on screen" not in panels.inference_panel.loaded_label.text()
+
+    # another model, kept loaded: no "map changed since load" or Reload for it
+    other = str(resource_path("configs", "llama-3.1-8b.json"))
+    _open_and_wait(qtbot, window, other, "Keep loaded")
+    assert not controller.stale
+    assert not widget.stale_label.isVisibleTo(widget)
+    assert not widget.reload_button.isVisibleTo(widget)
+    assert "demo-llama" in widget.label.text()
+    assert "not the model on screen" in widget.label.text()
+    assert window.session.context.loaded is None
+
+    # Keep loaded was the answer for this loaded model: not asked again
+    _open_and_wait(qtbot, window, str(whatif_config), None)
+    assert not controller.stale and "not the model on screen" in widget.label.text()
+
+    # back to the loaded model: not asked; its map differs from the loaded one, so Reload
+    _open_and_wait(qtbot, window, str(demo_dir), None)
+    assert window.session.context.loaded is not None
+    assert controller.stale and widget.reload_button.isVisibleTo(widget)
+    assert "not the model on screen" not in widget.label.text()

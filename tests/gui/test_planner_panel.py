@@ -151,3 +151,29 @@ def test_planner_reasons_leave_the_tooltips_when_the_plan_is_undone(qtbot, tiny_
     assert "planner:" not in tooltip()
     window.undo_stack.redo()
     assert "<i>planner:</i>" in tooltip()
+
+
+def _press_plan(qtbot, window) -> None:
+    """Trigger Plan (Ctrl+P) and wait until its plan is applied (or refused)."""
+    panel = window.planner_panel
+    with qtbot.waitSignal(panel.comparison_ready, timeout=30_000):
+        window.actions_by_name["plan"].trigger()
+    qtbot.waitUntil(lambda: not panel.thread.isRunning(), timeout=5000)
+
+
+def test_a_plan_equal_to_the_current_map_applies_nothing(qtbot, tiny_window) -> None:
+    window = tiny_window
+    panel = window.planner_panel
+    panel.reserve_by_bytes.setChecked(True)
+    panel.reserve_gib.setValue(0)
+    _press_plan(qtbot, window)
+    assert window.undo_stack.count() == 1
+    planned = dict(window.session.device_map)
+    window.session.mark_clean()  # as after saving: the map now equals the plan
+    assert not window.session.dirty and not window.windowTitle().startswith("*")
+    _press_plan(qtbot, window)
+    assert window.session.device_map == planned
+    assert window.undo_stack.count() == 1  # no second, empty undo step
+    assert not window.session.dirty
+    assert "*" not in window.windowTitle()
+    assert "equals the current map" in window.statusBar().currentMessage()

@@ -168,14 +168,19 @@ def push_plan(
     reserve: Any = None,
     opened: Any = None,
     dtype: str | None = None,
-) -> None:
+) -> bool:
     """Apply a planner result (map and the budgets it was planned for) as one macro.
+
+    Returns False, pushing nothing, when the result equals what the session has already
+    (same map, budgets, reserve and model): an identical plan is no edit and no undo step.
 
     Args:
         opened: the model re-sized in the plan's ``dtype`` when it differs from the session's
             tree; the macro then also switches the session to it, so the lanes count the bytes
             the plan counted.
     """
+    if not plan_changes(session, device_map, budgets=budgets, reserve=reserve, opened=opened):
+        return False
     stack.beginMacro(f"Apply {strategy} plan")
     try:
         if opened is not None:
@@ -185,3 +190,22 @@ def push_plan(
         stack.push(SetDeviceMapCommand(session, device_map, f"Set map from {strategy} plan"))
     finally:
         stack.endMacro()
+    return True
+
+
+def plan_changes(
+    session: Any,
+    device_map: Mapping[str, Any],
+    *,
+    budgets: Mapping[Any, int] | None = None,
+    reserve: Any = None,
+    opened: Any = None,
+) -> bool:
+    """True when applying this plan would change the session (map, budgets, reserve, model)."""
+    if opened is not None and opened is not session.opened:
+        return True
+    if budgets is not None and dict(budgets) != dict(session.budgets or {}):
+        return True
+    if reserve is not None and _reserve_copy(reserve) != _reserve_copy(session.reserve):
+        return True
+    return _copy_map(device_map) != _copy_map(session.device_map)

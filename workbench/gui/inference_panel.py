@@ -115,6 +115,9 @@ class InferencePanel(QWidget):
         self._streamed: list[float] = []  # elapsed seconds of each token of the run in flight
         self._layers_run: int | None = None  # the run the per-layer table shows
         self._failure_shown = False  # the status line tells why the last run did not finish
+        # the run in flight was started for a model no longer on screen: its verdict is logged
+        # and kept in the history, not shown as the current one
+        self._stale = False
 
         lines = self.fontMetrics().lineSpacing()
         self.prompt_edit = QPlainTextEdit(self)
@@ -281,7 +284,8 @@ class InferencePanel(QWidget):
         self.chat_view.clear()
         for label in (self.ttft_label, self.rate_label, self.tokens_label):
             label.setText("—")
-        self.verify_label.setText("not verified")
+        self._clear_verify()
+        self._stale = self.busy
         self.layer_table.setRowCount(0)
         self._layers_run = None
         self.layer_caption.setText("no finished run yet")
@@ -290,6 +294,9 @@ class InferencePanel(QWidget):
         """A model was loaded: Chat when it has a chat template, Raw prompt otherwise; a new
         chat (the turns were with another model)."""
         self.loaded_summary = summary
+        if self.busy:  # the run in flight was for the model loaded before
+            self._stale = True
+            self._clear_verify()
         can_chat = summary.is_causal_lm and summary.has_tokenizer
         item = self.mode_combo.model().item(self.mode_combo.findData(CHAT))
         if item is not None:
@@ -404,6 +411,7 @@ class InferencePanel(QWidget):
             )
             return None
         self.request_id = request_id
+        self._stale = False
         self._sent_s = time.monotonic()
         self.current = RunRecord(
             run_id=self._next_run_id,
@@ -429,8 +437,10 @@ class InferencePanel(QWidget):
             self.rate_label.setText("…")
             self.tokens_label.setText("0")
             self._caption_layers(f"run {self.current.run_id} running…")
+            self._clear_verify()  # the verdict shown was for another run
         else:
             self.verify_label.setText("verifying…")
+            self.verify_label.setToolTip("")
         self._show_status(f"{kind} running…")
         self._failure_shown = False
         self.set_available(True)
@@ -498,8 +508,13 @@ class InferencePanel(QWidget):
         elif isinstance(event.value, VerifyResult):
             self._show_verify(record, event.value)
         self.history.model.update(record)
-        self._show_status(f"{record.kind} done")
-        logger.info("%s", outcome(record))
+        if self._stale and record.kind == "verify":  # for a model no longer on screen
+            self._show_status(f"verify run {record.run_id} done for another model; see history")
+            logger.info("%s (for a model no longer on screen: not shown)", outcome(record))
+        else:
+            self._show_status(f"{record.kind} done")
+            logger.info("%s", outcome(record))
+        self._stale = False
         self.set_available(True)
         self.run_finished.emit(record)
 
@@ -522,8 +537,9 @@ class InferencePanel(QWidget):
                 if text and not self.prompt_edit.toPlainText().strip():
                     self.prompt_edit.setPlainText(text)
             self._caption_layers(f"run {record.run_id} {record.status}, no timings")
-        else:
+        elif not self._stale:
             self.verify_label.setText(f"<b style='color:{FAIL_HEX}'>{record.status}</b>")
+        self._stale = False
         self.history.model.update(record)
         self._show_status(message, event.details)
         self._failure_shown = True
@@ -594,9 +610,16 @@ class InferencePanel(QWidget):
 
     def _show_verify(self, record: RunRecord, value: VerifyResult) -> None:
         record.verify = verify_record(value)
+        if self._stale:  # started for a model no longer on screen: history and log only
+            return
         text, tip = verify_summary(value)
         self.verify_label.setText(text)
         self.verify_label.setToolTip(tip)
+
+    def _clear_verify(self) -> None:
+        """Show no verdict: the one shown belonged to another run or model."""
+        self.verify_label.setText("not verified")
+        self.verify_label.setToolTip("")
 
     def show_layers(self, per_layer: tuple[LayerTiming, ...] | list[LayerTiming]) -> None:
         """Fill the per-layer table with one forward's figures."""

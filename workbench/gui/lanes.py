@@ -174,9 +174,13 @@ class DeviceLaneWidget(QFrame):
             blocks = blocks[:400] + f"… ({len(state.blocks)} blocks)"
         self.blocks_label.setText(blocks)
         self.blocks_label.setToolTip("\n".join(state.blocks[:200]))
-        self.setProperty("overBudget", state.over_budget)
-        self.style().unpolish(self)
-        self.style().polish(self)
+        if self.property("overBudget") != state.over_budget:
+            self.setProperty("overBudget", state.over_budget)
+            self.style().unpolish(self)
+            self.style().polish(self)
+            # A re-polish restyles the frame but does not repaint it: the screen kept the red
+            # border of a lane that fits until something else repainted it (seen under X11).
+            self.update()
 
     # --- drops ------------------------------------------------------------------------------
 

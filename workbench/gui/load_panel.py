@@ -3,7 +3,8 @@
 ``LoadController`` sends the session's device map to the worker through a ``WorkerBridge``,
 follows the load's events, and shows failures in a non-modal dialog (the app keeps running and
 the map is never touched). While a model is loaded it compares the session's map with the one
-that was loaded and, when they differ, marks the model "changed since load" and offers Reload.
+that was loaded and, when they differ, marks the model "changed since load" and offers Reload;
+with another model on screen there is nothing to reload and the status says so.
 
 ``LoadProgressWidget`` is the status-bar piece: phase, bytes done/total, current tensor, ETA,
 a progress bar, Cancel, and the Reload offer.
@@ -30,6 +31,7 @@ from PySide6.QtWidgets import (
 from workbench.big_modeling.errors import OffloadError
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.formatting import format_nbytes
+from workbench.gui.window_persistence import model_display_name
 from workbench.runtime.load_check import LoadCheck, check_devices, check_load, check_map
 from workbench.runtime.model_context import LoadedModelRef
 from workbench.runtime.protocol import Failed, LoadSummary, Phase, Progress, Result, WorkerExited
@@ -193,6 +195,8 @@ class LoadController(QObject):
         # loads are numbered 1, 2, 3 in the log: request ids also count runs and cancels
         self.load_number = 0
         self.stale = False
+        # "Keep loaded" was the answer for the loaded model: not asked again until it changes
+        self.keep_answered = False
         self._pending_map: dict[str, int | str] | None = None
         self._pending_source: str | None = None
         self._pending_context: Any = None  # the ModelContext the running load is for
@@ -364,15 +368,29 @@ class LoadController(QObject):
             )
             self.progress_widget.show_message("worker died")
 
+    def is_loaded_source(self, source: Any) -> bool:
+        """True when ``source`` is the model loaded in the worker (not one loading)."""
+        return self.loaded and source is not None and str(source) == self.loaded_source
+
     def _on_session_changed(self, change: Any) -> None:
         what = getattr(change, "what", "device_map")
         if what not in ("device_map", "source", "opened", "dtype", "restored"):
             return
-        stale = self.loaded and (
-            dict(self.session.device_map) != self.loaded_map
-            or str(self.session.source) != self.loaded_source
-        )
-        self._set_stale(bool(stale))
+        same_model = self.is_loaded_source(self.session.source)
+        context = getattr(self.session, "context", None)
+        if same_model and context is not None and context.loaded is None and self.loaded_map:
+            # the loaded model reopened: its new context is the loaded one again
+            context.loaded = LoadedModelRef(
+                str(self.loaded_source), dict(self.loaded_map), self.last_summary
+            )
+        # only the model on screen can be "changed since load"; another one offers no Reload
+        self._set_stale(same_model and dict(self.session.device_map) != self.loaded_map)
+        if self.loaded and not self.busy and not same_model and what in ("opened", "source"):
+            name = _short(model_display_name(str(self.loaded_source)))
+            self.progress_widget.show_message(f"{name} loaded · not the model on screen")
+        elif same_model and not self.busy and what in ("opened", "source"):
+            name = _short(model_display_name(str(self.loaded_source)))
+            self.progress_widget.show_message(f"{name} loaded")
 
     # -- helpers -------------------------------------------------------------------------
     def _fail_before_start(self, exc: OffloadError) -> None:
@@ -399,6 +417,7 @@ class LoadController(QObject):
 
     def _set_loaded(self, device_map: Mapping[str, int | str] | None) -> None:
         before = self.loaded
+        self.keep_answered = False  # another load, or none: ask again
         self.loaded_map = None if device_map is None else dict(device_map)
         if device_map is None:
             self._set_stale(False)

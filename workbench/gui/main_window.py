@@ -284,14 +284,21 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.refresh()
         _freeze_gc_for(self.session.tree)
 
-    def confirm_loaded_model(self, then: Any) -> QMessageBox | None:
+    def confirm_loaded_model(self, then: Any, source: str | None = None) -> QMessageBox | None:
         """Before another model replaces this one: while a model is loaded (or loading) in
         the worker, ask "Unload it?" (window-modal, it does not block) and run ``then`` after
         Unload or Keep loaded; Cancel runs nothing. Kept, the inference panel says Run acts
-        on the loaded model, not the one on screen. Returns the box shown, or ``None``."""
+        on the loaded model, not the one on screen. Not asked when ``source`` (what opens) is
+        the loaded model itself, nor again once Keep loaded was the answer for the loaded
+        model (until the next load or unload). Returns the box shown, or ``None``."""
         panels = getattr(self, "runtime_panels", None)
         controller = None if panels is None else panels.controller
-        if controller is None or not (controller.loaded or controller.busy):
+        if (
+            controller is None
+            or not (controller.loaded or controller.busy)
+            or (not controller.busy and controller.keep_answered)
+            or (not controller.busy and controller.is_loaded_source(source))
+        ):
             then()
             return None
         if self.unload_prompt is not None:  # already asking
@@ -338,6 +345,8 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
                 inference.stop()
             else:
                 panels.unload_action.trigger()
+        elif not controller.busy:  # Keep loaded: not asked again for this loaded model
+            controller.keep_answered = True
         then()
 
     def _unload_when_idle(self, _event: Any) -> None:

@@ -474,7 +474,7 @@ class PlannerPanel(QWidget):
             window.statusBar().showMessage(f"Cannot apply the {strategy} plan: {stale}", 8000)
             return False
         reserve = sum(self._request.reserve.values())
-        push_plan(
+        applied = push_plan(
             window.undo_stack,
             window.session,
             candidate.plan.device_map,
@@ -484,10 +484,15 @@ class PlannerPanel(QWidget):
             opened=candidate.opened,
             dtype=self._request.dtype,
         )
+        self.strategy_combo.setCurrentText(strategy)  # Plan (Ctrl+P) uses it from now on
         window.tree_model.set_trace(
             {p.module: p.reason for p in candidate.plan.trace}, candidate.plan.device_map
         )
-        self.strategy_combo.setCurrentText(strategy)  # Plan (Ctrl+P) uses it from now on
+        if not applied:  # nothing to change: no undo step, the document stays as it is
+            window.statusBar().showMessage(
+                f"The {strategy} plan equals the current map: nothing to apply", 5000
+            )
+            return False
         window.statusBar().showMessage(f"Applied the {strategy} plan", 5000)
         return True
 

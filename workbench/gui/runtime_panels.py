@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -70,9 +71,10 @@ class RuntimePanels(QObject):
         self.bridge.profile_provider = lambda: _window_profile(window)
         self.units: list[str] = []  # layer units of the loaded model, in display order
         self._context = window.session.context  # the model the inference results are for
-        # start the worker in the background once a model is open (tests of other things turn
-        # it off, so every window they open does not spawn a process importing torch)
-        self.warm_on_open = True
+        # start the worker in the background once a model is open; WORKBENCH_WARM_WORKER=0
+        # turns it off (the GUI tests of other things do, so every window they open does not
+        # spawn a process importing torch)
+        self.warm_on_open = os.environ.get("WORKBENCH_WARM_WORKER", "1") != "0"
         # the hardware the worker runs on, for every prediction shown beside a measured figure
         # (the Transfers plot); None: this machine as detected. The toolbar's profile may be a
         # what-if, which the plan-time figures use and name.

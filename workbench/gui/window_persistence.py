@@ -114,8 +114,11 @@ class WindowPersistenceMixin:
         if document.kind == "map" and (self.session.tree is not None or not document.model_source):
             self.open_path(source)
             return
+        target = source if document.kind == "model" else document.model_source
         self.confirm_unsaved_changes(
-            lambda: self.confirm_loaded_model(lambda: self.open_path(source))  # type: ignore[attr-defined]
+            lambda: self.confirm_loaded_model(  # type: ignore[attr-defined]
+                lambda: self.open_path(source), source=target
+            )
         )
 
     def open_path(self, source: str) -> Any:

@@ -40,6 +40,7 @@ from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.json_files import read_json
 from workbench.big_modeling.sizes import convert_file_size_to_int
 from workbench.models.errors import ProfileError
+from workbench.models.hardware import user_config_dir
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +152,7 @@ class ClusterProfile:
 
 def user_clusters_dir() -> Path:
     """Return the folder for the user's own cluster profiles (it may not exist)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "model-memory-workbench" / "clusters"
+    return user_config_dir("clusters")
 
 
 def bundled_clusters_dir() -> Path:

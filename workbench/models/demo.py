@@ -275,7 +275,7 @@ def make_demo(
                 staging / "generation_config.json",
                 json.dumps(generation, indent=2, sort_keys=True) + "\n",
             )
-        _make_readable(staging)
+        make_readable(staging)
         _move_into_place(staging, target, overwrite=overwrite)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -298,7 +298,7 @@ def _random_state_dict(config: Any, seed: int, dtype: torch.dtype) -> dict[str, 
     return {name: tensor.to(dtype) for name, tensor in model.state_dict().items()}
 
 
-def _make_readable(folder: Path) -> None:
+def make_readable(folder: Path) -> None:
     """Give the staged folder the modes a plain ``mkdir``/``open`` would (temp files are 0600)."""
     umask = os.umask(0)
     os.umask(umask)

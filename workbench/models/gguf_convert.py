@@ -38,6 +38,7 @@ import torch
 
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.big_modeling.errors import LoadCancelled
+from workbench.models.demo import make_readable
 from workbench.models.errors import ModelSourceError
 from workbench.models.gguf import (
     CONVERTED_DTYPE,
@@ -175,7 +176,7 @@ def convert_gguf(
             + "\n",
         )
         _check(cancel)
-        _make_readable(staging)
+        make_readable(staging)
         with contextlib.suppress(OSError):  # another process converted it first: keep theirs
             os.rename(staging, target)
     finally:
@@ -351,15 +352,6 @@ def _write_tokenizer(staging: Path, header: GGUFHeader) -> None:
             f"{type(exc).__name__}: {exc}"
         ) from exc
     tokenizer.save_pretrained(str(staging))
-
-
-def _make_readable(folder: Path) -> None:
-    """Give the staged folder the modes a plain ``mkdir``/``open`` would (temp files are 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for path in folder.iterdir():
-        path.chmod(0o666 & ~umask)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -186,10 +186,16 @@ class HardwareProfile:
         }
 
 
-def user_profiles_dir() -> Path:
-    """Return the folder for the user's own profiles (it may not exist)."""
+def user_config_dir(kind: str) -> Path:
+    """Return ``$XDG_CONFIG_HOME/model-memory-workbench/<kind>``, the folder for the user's own
+    profiles of one kind (``"hardware"``, ``"clusters"``); it may not exist."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "model-memory-workbench" / "hardware"
+    return Path(base) / "model-memory-workbench" / kind
+
+
+def user_profiles_dir() -> Path:
+    """Return the folder for the user's own hardware profiles (it may not exist)."""
+    return user_config_dir("hardware")
 
 
 def bundled_profiles_dir() -> Path:
