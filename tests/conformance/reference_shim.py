@@ -248,7 +248,8 @@ class ShimFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        module.__version__ = "1.15.0 (workbench.big_modeling shim)"
+        # the reference's version, bare: transformers parses it when accelerate is not installed
+        module.__version__ = "1.15.0"
 
 
 def install() -> None:

@@ -72,7 +72,17 @@ def _fetch_reference() -> Path:
 def _run_reference_tests(tree: Path, report: Path, ini: Path) -> subprocess.CompletedProcess:
     ini.write_text("[pytest]\n", encoding="utf-8")  # not our pyproject's settings
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    # Distribution metadata for the shim: transformers asks importlib.metadata for
+    # accelerate's version once it can import `accelerate`, which fails where the real one is
+    # not installed (a fresh machine).
+    metadata = ini.parent / "shim-metadata"
+    dist_info = metadata / f"accelerate-{VERSION}.dist-info"
+    dist_info.mkdir(parents=True, exist_ok=True)
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: accelerate\nVersion: {VERSION}\n", encoding="utf-8"
+    )
+    paths = [str(HERE), str(metadata), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     env["WORKBENCH_CONFORMANCE_REPORT"] = str(report)
     env.setdefault("HF_HUB_OFFLINE", "1")
     command = [sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir", str(tree)]
