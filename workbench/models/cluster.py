@@ -36,11 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.json_files import read_json
-from workbench.big_modeling.sizes import convert_file_size_to_int
 from workbench.models.errors import ProfileError
-from workbench.models.hardware import user_config_dir
+from workbench.models.hardware import profile_size, user_config_dir
 
 logger = logging.getLogger(__name__)
 
@@ -264,10 +262,10 @@ def _node_from_dict(raw: dict[str, Any], where: str) -> NodeSpec:
         gpu_where = f"{where}, gpus[{j}]"
         if not isinstance(raw_gpu, dict) or "memory" not in raw_gpu:
             raise ProfileError(f"{gpu_where} needs at least 'memory'")
-        memory = _size(raw_gpu, "memory", gpu_where)
+        memory = profile_size(raw_gpu, "memory", gpu_where)
         if memory == 0:
             raise ProfileError(f"{gpu_where}: 'memory' must be above 0 bytes")
-        used = _size(raw_gpu, "used", gpu_where) if raw_gpu.get("used") is not None else 0
+        used = profile_size(raw_gpu, "used", gpu_where) if raw_gpu.get("used") is not None else 0
         if used >= memory:
             raise ProfileError(
                 f"{gpu_where}: 'used' ({used} B) must be below 'memory' ({memory} B)"
@@ -293,7 +291,7 @@ def _node_from_dict(raw: dict[str, Any], where: str) -> NodeSpec:
         _number(link_raw, "bandwidth_gbps", 25.0, f"{where}, intra_link"),
         _number(link_raw, "latency_us", 10.0, f"{where}, intra_link", allow_zero=True) / 1e6,
     )
-    cpu_memory = _size(raw, "cpu_memory", where) if raw.get("cpu_memory") is not None else 0
+    cpu_memory = profile_size(raw, "cpu_memory", where) if raw.get("cpu_memory") is not None else 0
     return NodeSpec(str(raw.get("name") or "node"), tuple(gpus), link, cpu_memory)
 
 
@@ -304,13 +302,6 @@ def _count(raw: dict[str, Any], where: str) -> int:
             f"{where}: 'count' must be a whole number from 1 to {MAX_REPEAT}, got {value!r}"
         )
     return value
-
-
-def _size(raw: dict[str, Any], key: str, where: str) -> int:
-    try:
-        return convert_file_size_to_int(raw[key])
-    except (BadInputError, TypeError, ValueError) as exc:
-        raise ProfileError(f"{where}: '{key}': {exc}") from exc
 
 
 def _number(

@@ -372,10 +372,10 @@ def _device_from_dict(raw: Any, where: str) -> DeviceSpec:
         device = normalize_device(raw["device"])
     except BadInputError as exc:
         raise ProfileError(f"{where}: {exc}") from exc
-    memory_bytes = _memory(raw, "memory", where)
+    memory_bytes = profile_size(raw, "memory", where)
     if memory_bytes == 0:
         raise ProfileError(f"{where}: 'memory' must be above 0 bytes, got {raw['memory']!r}")
-    free_bytes = _memory(raw, "free", where) if raw.get("free") is not None else None
+    free_bytes = profile_size(raw, "free", where) if raw.get("free") is not None else None
     # left out (0.0), a CPU's or GPU's speeds take typical values in ``DeviceSpec``
     disk = device == "disk"
     tflops = _positive(raw, "compute_tflops", 0.0, where, allow_zero=disk)
@@ -390,7 +390,8 @@ def _device_from_dict(raw: Any, where: str) -> DeviceSpec:
     )
 
 
-def _memory(raw: dict[str, Any], key: str, where: str) -> int:
+def profile_size(raw: dict[str, Any], key: str, where: str) -> int:
+    """``raw[key]`` through the one size parser; a bad value is a ``ProfileError`` at ``where``."""
     try:
         return convert_file_size_to_int(raw[key])
     except (BadInputError, TypeError, ValueError) as exc:
