@@ -77,7 +77,11 @@ def _hover_slowest_bar(window: Any, qtbot: Any) -> tuple[str, str]:
     plot = window.runtime_panels.transfer_plot
     window.bottom_tabs.setCurrentWidget(plot)
     plot.refresh()
-    slowest = max(plot.last_forward, key=lambda t: t.transfer_s + t.compute_s)
+    # a layer that moved weights: its tooltip has a transfer rate (a compute-only layer can be
+    # the slowest on a busy machine)
+    slowest = max(
+        (t for t in plot.last_forward if t.nbytes > 0), key=lambda t: t.transfer_s + t.compute_s
+    )
     index, top_ms = (
         plot.layers.index(slowest.module),
         (slowest.transfer_s + slowest.compute_s) * 1e3,
