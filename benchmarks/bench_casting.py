@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from workbench.big_modeling import attach_layerwise_casting_hooks
-from workbench.big_modeling.casting_kernels import (
+from workbench.big_modeling.hooks.casting_kernels import (
     _fp8_upcast_kernel,
     fp8_upcast_triton,
     triton_failure,

@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workbench.big_modeling.prefetch_reader import populate
+from workbench.big_modeling.hooks.prefetch_reader import populate
 
 
 def build_meta(layers: int, dim: int) -> nn.Sequential:
@@ -150,7 +150,7 @@ def time_forward(model: nn.Module, x, files: list[Path] | None, device) -> tuple
 
 
 def _prefetching(model: nn.Module, disk_reads: str) -> nn.Module:
-    from workbench.big_modeling.prefetch import enable_prefetch
+    from workbench.big_modeling.hooks.prefetch import enable_prefetch
 
     enable_prefetch(model, disk_reads=disk_reads)
     return model
@@ -170,7 +170,7 @@ def main() -> None:
         device = torch.device("cuda", 0)
 
     from workbench.big_modeling.dispatch import disk_offload
-    from workbench.big_modeling.offload import offload_state_dict
+    from workbench.big_modeling.offload.folder import offload_state_dict
 
     try:
         import accelerate

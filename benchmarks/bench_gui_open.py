@@ -102,7 +102,7 @@ def _baseline_open(app: Any, tree: Any) -> float:
     from PySide6.QtGui import QStandardItem, QStandardItemModel
     from PySide6.QtWidgets import QTreeView
 
-    from workbench.gui.formatting import format_nbytes, format_param_count
+    from workbench.runtime.formatting import format_nbytes, format_param_count
 
     start_s = time.perf_counter()
     model = QStandardItemModel()
@@ -149,10 +149,11 @@ def _apply_through_planner(app: Any, window: Any, budgets: dict) -> tuple[float,
     panel.reserve_gib.setValue(0)
     for strategy, check in panel.strategy_checks.items():
         check.setChecked(strategy == "sequential")
+    compared: list[object] = []
+    panel.comparison_ready.connect(compared.append)
     start_s = time.perf_counter()
-    panel.candidates = []
     thread = panel.compare()
-    if thread is None or not run_event_loop_until(lambda: bool(panel.candidates), 1800):
+    if thread is None or not run_event_loop_until(lambda: bool(compared), 1800):
         raise RuntimeError("the planner did not finish")
     thread.wait()
     plan_s = time.perf_counter() - start_s
@@ -203,9 +204,13 @@ def main(argv: list[str] | None = None) -> int:
             DeviceSpec("disk", "NVMe", 8192 * GIB, None, 0.0, 0.0),
         ),
     )
-    window = MainWindow(profiles=[profile], autosave=False)
-    window.errors = []
-    window._show_error = lambda title, text: window.errors.append((title, text))
+    errors: list[tuple[str, str]] = []
+    window = MainWindow(
+        profiles=[profile],
+        autosave=False,
+        show_error=lambda title, text: errors.append((title, text)),
+    )
+    window.errors = errors
     window.resize(1600, 1000)
     window.show()
     app.processEvents()

@@ -99,7 +99,7 @@ def ensure_checkpoint(size: str) -> Path:
         return cache
     import torch
 
-    from workbench.big_modeling.shards import save_sharded_checkpoint
+    from workbench.big_modeling.loading.writer import save_sharded_checkpoint
 
     print(f"generating the checkpoint in {cache} (once) ...", flush=True)
     model = build_meta_model("workbench", size)

@@ -32,7 +32,7 @@ def _single_process(
     import psutil
     import torch
 
-    from workbench.big_modeling.loading import load_checkpoint_in_model
+    from workbench.big_modeling.loading.api import load_checkpoint_in_model
     from workbench.models.intake import open_model
 
     rss_before = psutil.Process().memory_info().rss

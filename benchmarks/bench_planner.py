@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic import build_moe
 
 from workbench.big_modeling.empty_init import init_empty_weights
-from workbench.big_modeling.planner import infer_auto_device_map
-from workbench.big_modeling.sizes import compute_module_sizes, format_nbytes
+from workbench.big_modeling.planning.planner import infer_auto_device_map
+from workbench.big_modeling.planning.sizes import compute_module_sizes, format_nbytes
 
 try:
     from accelerate import init_empty_weights as accelerate_init_empty_weights

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from synthetic import build_moe
 
-from workbench.big_modeling.sizes import compute_module_sizes
+from workbench.big_modeling.planning.sizes import compute_module_sizes
 from workbench.models.catalog import bundled_config_path
 from workbench.models.intake import build_config, build_empty_model, read_config
 from workbench.models.tree import build_module_tree

@@ -4,7 +4,8 @@ Runs the real main window and worker on a generated demo (llama, 60M parameters,
 planned over cpu + disk, and writes:
 
   docs/screenshots/load-live-plots.png  the window during a load parked half-way by the
-                                         worker's test hook: progress bar, Memory tab
+                                         tests' load hold (tests/job_holds.py): progress
+                                         bar, Memory tab
   docs/screenshots/inference-run.png     the window after the load, three runs and a Verify:
                                          the Inference tab, and beside it the Memory plot (load
                                          and run markers) above the Transfers plot
@@ -29,6 +30,7 @@ from workbench.gui.workers import run_event_loop_until
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "screenshots"
+sys.path.insert(0, str(ROOT / "tests"))  # job_holds, for this process and the worker it spawns
 GIB = 1 << 30
 
 
@@ -45,13 +47,16 @@ def main() -> int:
     )
     app = QApplication.instance() or QApplication(sys.argv)
     app.setApplicationName("Model Memory Workbench")
+    from job_holds import HOLD_OBSERVER, hold_options
+
     from workbench.big_modeling import infer_auto_device_map
+    from workbench.gui.bridge import WorkerBridge
     from workbench.gui.commands import SetBudgetsCommand, push_plan
     from workbench.gui.main_window import MainWindow
     from workbench.models import make_demo, open_model
 
     demo = Path(make_demo(scratch / "demo-llama-60m", arch="llama", params="60M", shards=4))
-    window = MainWindow(autosave=False)
+    window = MainWindow(autosave=False, bridge=WorkerBridge(load_observer=HOLD_OBSERVER))
     window.resize(1900, 1050)
     window.show()
     panels = window.runtime_panels
@@ -79,9 +84,9 @@ def main() -> int:
         lambda: panels.memory_plot.sample_count > 20, 120
     )  # a little history first
 
-    # during: a load parked half-way by the worker's test hook
+    # during: a load parked half-way by the tests' load hold
     tensor_count = len(opened.model.state_dict())
-    panels.controller.load_options = {"hold_after_tensors": tensor_count // 2}
+    panels.controller.load_options = hold_options(tensor_count // 2)
     held: list[bool] = []
     panels.bridge.phase.connect(lambda ev: held.append(ev.phase == "held"))
     panels.load_action.trigger()

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.cli import _positional_source_as_open, build_parser, looks_like_source
-from workbench.platform_integration import _is_subcommand
+from workbench.cli import (
+    _positional_source_as_open,
+    build_parser,
+    looks_like_source,
+    runs_headless,
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,7 @@ def test_subcommands_options_and_typos_are_unchanged(parser, tmp_path, monkeypat
 
 
 def test_the_bundle_smoke_hook_sees_path_launches_as_gui(tmp_path):
-    assert not _is_subcommand([str(tmp_path / "s.json")])
-    assert not _is_subcommand(["./folder"])
-    assert _is_subcommand(["plan", "gpt2"])
+    assert not runs_headless([str(tmp_path / "s.json")])
+    assert not runs_headless(["./folder"])
+    assert runs_headless(["plan", "gpt2"])
     assert looks_like_source(str(tmp_path)) and not looks_like_source("plan")

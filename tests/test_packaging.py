@@ -24,11 +24,8 @@ from types import ModuleType
 import pytest
 
 from workbench import APP_ID, __version__
-from workbench.platform_integration import (
-    SMOKE_FAILED_EXIT,
-    _is_subcommand,
-    set_windows_app_user_model_id,
-)
+from workbench.cli import runs_headless
+from workbench.platform_integration import SMOKE_FAILED_EXIT, set_windows_app_user_model_id
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,13 +93,13 @@ def test_help_lists_the_desktop_command(tmp_path):
     ],
 )
 def test_smoke_hook_only_applies_to_gui_launches(args, headless):
-    assert _is_subcommand(args) is headless
+    assert runs_headless(args) is headless
 
 
 def test_integration_modules_import_no_qt(tmp_path):
     """The CLI's desktop command and the bundle entry load Qt only when a window is wanted."""
     code = (
-        "import sys, workbench.platform_integration, workbench.commands.desktop; "
+        "import sys, workbench.bundle, workbench.commands.desktop; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'shiboken6')); "
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )
@@ -119,7 +116,7 @@ def test_app_user_model_id_is_a_no_op_off_windows():
 @pytest.mark.gui
 def test_bundle_entry_opens_a_model_offscreen_and_quits(tmp_path):
     """What the frozen bundle runs, from source: the smoke hook quits once a model is open."""
-    code = "from workbench.platform_integration import bundle_main; raise SystemExit(bundle_main())"
+    code = "from workbench.bundle import bundle_main; raise SystemExit(bundle_main())"
     result = run(
         [sys.executable, "-c", code, "--open", "tiny-llama-demo"],
         tmp_path,
@@ -133,7 +130,7 @@ def test_bundle_entry_opens_a_model_offscreen_and_quits(tmp_path):
 @pytest.mark.slow
 @pytest.mark.gui
 def test_bundle_smoke_hook_fails_when_no_model_opens(tmp_path):
-    code = "from workbench.platform_integration import bundle_main; raise SystemExit(bundle_main())"
+    code = "from workbench.bundle import bundle_main; raise SystemExit(bundle_main())"
     result = run(
         [sys.executable, "-c", code],  # no model: the window stays empty
         tmp_path,

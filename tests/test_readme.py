@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from workbench import APP_ID
-from workbench.big_modeling.device_map import load_device_map
+from workbench.big_modeling.device_map.files import load_device_map
 from workbench.cli import build_parser, main
 from workbench.platform_integration import ICON_SIZES_PX
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.gui.formatting import format_ttft
+from workbench.runtime.formatting import format_ttft
 from workbench.wording import indefinite_article, plural, with_article
 
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Collection, Sequence
 
 from workbench import __version__
+from workbench.big_modeling.errors import BadInputError
 
 COMMAND_MODULES: tuple[str, ...] = (
     "workbench.commands.inspect",
@@ -68,8 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
     if getattr(sys, "frozen", False):
-        import multiprocessing
-
         multiprocessing.freeze_support()  # the worker process is spawned from the bundle too
     parser = build_parser()
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -115,6 +115,20 @@ def subcommand_names(parser: argparse.ArgumentParser | None = None) -> Collectio
     return ()
 
 
+def runs_headless(arguments: Sequence[str]) -> bool:
+    """True when ``arguments`` run a subcommand (or just print help or the version) rather
+    than open the GUI; ``workbench PATH`` opens the GUI."""
+    values = iter(arguments)
+    for word in values:
+        if word in ("-h", "--help", "--version"):
+            return True
+        if word == "--open":
+            next(values, None)  # the SOURCE value, not a subcommand
+        elif not word.startswith("-"):
+            return word in subcommand_names() or not looks_like_source(word)
+    return False
+
+
 def _positional_source_as_open(parser: argparse.ArgumentParser, arguments: list[str]) -> list[str]:
     """Rewrite ``workbench [OPTIONS] PATH`` as ``workbench [OPTIONS] --open PATH``."""
     index = first_positional(arguments)
@@ -131,14 +145,12 @@ def _positional_source_as_open(parser: argparse.ArgumentParser, arguments: list[
 
 
 def _run_gui(args: argparse.Namespace) -> int:
-    from workbench.gui.app import run_app  # Qt is imported only when the GUI is wanted
+    from workbench.gui.app import run_app  # noqa: PLC0415 (Qt only when the GUI is wanted)
 
     return run_app(open_source=args.open, demo=args.demo)
 
 
 def _run_guarded(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    from workbench.big_modeling.errors import BadInputError
-
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:

@@ -4,22 +4,23 @@ icon renderer that turns ``resources/icons/app.svg`` into the freedesktop PNG si
 - Windows groups taskbar buttons and pins shortcuts by AppUserModelID; a Python process
   otherwise shows up as "python.exe". :func:`set_windows_app_user_model_id` sets ours
   (``workbench.APP_ID``) and is a no-op on other systems.
-- :func:`bundle_main` is what the PyInstaller bundle runs: multiprocessing support for the
-  spawned worker, the Windows identity, an optional offscreen smoke test, then the CLI.
+- :func:`install_smoke_test` is the bundle check's hook (``workbench.bundle.bundle_main``, what
+  the PyInstaller bundle runs, installs it for GUI launches).
 
 Qt is imported lazily, inside the functions that need it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
-import multiprocessing
-import os
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from workbench import APP_ID
+from workbench.big_modeling.atomic import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,6 @@ def set_windows_app_user_model_id(app_id: str = APP_ID) -> bool:
     """
     if sys.platform != "win32":
         return False
-    import ctypes
-
     try:
         shell32 = ctypes.windll.shell32  # type: ignore[attr-defined]
         result = shell32.SetCurrentProcessExplicitAppUserModelID(ctypes.c_wchar_p(app_id))
@@ -89,10 +88,8 @@ def render_icon_pngs(
     Example:
         >>> render_icon_pngs(Path("resources/icons/app.svg"), Path("resources/icons/hicolor"))  # doctest: +SKIP
     """
-    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QSize
-    from PySide6.QtGui import QGuiApplication
-
-    from workbench.big_modeling.atomic import atomic_write_bytes
+    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QSize  # noqa: PLC0415 (Qt only when icons are rendered)
+    from PySide6.QtGui import QGuiApplication  # noqa: PLC0415 (Qt only when icons are rendered)
 
     _app = QGuiApplication.instance() or QGuiApplication([])
     written: list[Path] = []
@@ -121,9 +118,9 @@ def render_icon_image(svg_path: Path, size_px: int) -> object:
     Raises:
         ValueError: when Qt cannot parse the SVG.
     """
-    from PySide6.QtCore import Qt
-    from PySide6.QtGui import QImage, QPainter
-    from PySide6.QtSvg import QSvgRenderer
+    from PySide6.QtCore import Qt  # noqa: PLC0415 (Qt only when icons are rendered)
+    from PySide6.QtGui import QImage, QPainter  # noqa: PLC0415 (Qt only when icons are rendered)
+    from PySide6.QtSvg import QSvgRenderer  # noqa: PLC0415 (Qt only when icons are rendered)
 
     renderer = QSvgRenderer(str(svg_path))
     if not renderer.isValid():
@@ -144,10 +141,8 @@ def install_smoke_test(timeout_s: float) -> None:
     opened model (a line naming it goes to stderr), or with ``SMOKE_FAILED_EXIT`` after
     ``timeout_s``. ``run_app`` then reuses this application.
     """
-    import time
-
-    from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtCore import QTimer  # noqa: PLC0415 (Qt only for a GUI launch)
+    from PySide6.QtWidgets import QApplication  # noqa: PLC0415 (Qt only for a GUI launch)
 
     app = QApplication.instance() or QApplication(sys.argv)
     deadline_s = time.monotonic() + timeout_s
@@ -173,39 +168,3 @@ def install_smoke_test(timeout_s: float) -> None:
 
     timer.timeout.connect(_on_timer_timeout)
     timer.start()
-
-
-def bundle_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the frozen desktop bundle (and usable from source).
-
-    Environment:
-        WORKBENCH_SMOKE_TEST=1: quit as soon as a model is open (use with ``--demo``);
-        WORKBENCH_SMOKE_TIMEOUT_S: give up after this many seconds (default 120).
-
-    Returns:
-        The exit code of :func:`workbench.cli.main`.
-    """
-    multiprocessing.freeze_support()  # the load worker is spawned from this executable
-    set_windows_app_user_model_id()
-    from workbench.cli import main
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if os.environ.get(SMOKE_ENV) and not _is_subcommand(args):
-        install_smoke_test(float(os.environ.get(SMOKE_TIMEOUT_ENV, "120")))
-    return main(args)
-
-
-def _is_subcommand(args: Sequence[str]) -> bool:
-    """True when the arguments run a headless command (or just print), not the GUI
-    (``workbench PATH`` opens the GUI, see ``workbench.cli``)."""
-    from workbench.cli import looks_like_source, subcommand_names
-
-    values = iter(args)
-    for arg in values:
-        if arg in ("-h", "--help", "--version"):
-            return True
-        if arg == "--open":
-            next(values, None)  # the SOURCE value, not a subcommand
-        elif not arg.startswith("-"):
-            return arg in subcommand_names() or not looks_like_source(arg)
-    return False

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.big_modeling.shards import save_sharded_checkpoint
+from workbench.big_modeling.loading.writer import save_sharded_checkpoint
 
 HIDDEN = 8
 VOCAB = 16

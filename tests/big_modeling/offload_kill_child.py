@@ -15,6 +15,9 @@ from pathlib import Path
 
 import torch
 
+from workbench.big_modeling.loading.offload_staging import OffloadStager
+from workbench.big_modeling.offload.folder import offload_state_dict
+
 NAMES = [f"layer{i}.weight" for i in range(5)]
 
 
@@ -43,8 +46,6 @@ def main() -> None:
     folder, writer, call, n = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     new = weights(100.0)
     if writer == "stager":
-        from workbench.big_modeling.offload_staging import OffloadStager
-
         stager = OffloadStager.open(folder)
         for name, tensor in new.items():
             with stager.stage([name], tensor.dtype, tensor.shape) as out:
@@ -52,8 +53,6 @@ def main() -> None:
         kill_before(call, n)
         stager.commit()
     else:
-        from workbench.big_modeling.offload import offload_state_dict
-
         kill_before(call, n)
         offload_state_dict(folder, new)
 

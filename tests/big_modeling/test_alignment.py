@@ -11,19 +11,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from workbench.big_modeling.alignment import (
+from workbench.big_modeling.errors import CheckpointError, DeviceMapError
+from workbench.big_modeling.hooks.align import (
     AlignDevicesHook,
     align_module_device,
+    has_offloaded_params,
+)
+from workbench.big_modeling.hooks.attach import (
     attach_align_device_hook,
     attach_align_device_hook_on_blocks,
     attach_execution_device_hook,
-    has_offloaded_params,
 )
-from workbench.big_modeling.errors import CheckpointError, DeviceMapError
-from workbench.big_modeling.hooks import add_hook_to_module, remove_hook_from_module
-from workbench.big_modeling.io_moves import find_device, send_to_device
-from workbench.big_modeling.offload import offload_state_dict
-from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
+from workbench.big_modeling.hooks.base import add_hook_to_module, remove_hook_from_module
+from workbench.big_modeling.hooks.io_moves import find_device, send_to_device
+from workbench.big_modeling.offload.folder import OffloadedWeightsLoader, offload_state_dict
 from workbench.big_modeling.transfers import recording_transfers
 
 META = torch.device("meta")
@@ -48,7 +49,7 @@ class Movable:
 
 
 def test_send_to_device_rebuilds_nested_structures() -> None:
-    from transformers.modeling_outputs import CausalLMOutput
+    from transformers.modeling_outputs import CausalLMOutput  # heavy: imported only where needed
 
     data = {
         "tuple": (torch.ones(1), 3),
@@ -343,8 +344,8 @@ def test_subclass_overriding_pre_forward_is_not_bypassed_by_the_fast_path() -> N
             return super().pre_forward(module, *args, **kwargs)
 
     plain_hook = AlignDevicesHook("cpu")
-    assert plain_hook._inline_moves  # the plain hook takes the inlined path
+    assert plain_hook.input_move is not None  # the plain hook takes the inlined path
     module = add_hook_to_module(Probe(), Counting("cpu"))
-    assert not module._hf_hook._inline_moves
+    assert module._hf_hook.input_move is None
     module(torch.ones(1))
     assert calls == [module]

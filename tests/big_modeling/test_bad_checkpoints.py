@@ -24,9 +24,14 @@ from checkpoint_fixtures import (
 )
 from safetensors.torch import save_file
 
-from workbench.big_modeling.checkpoint import CheckpointIndex
-from workbench.big_modeling.errors import CheckpointError, DeviceMapError, OffloadError
-from workbench.big_modeling.loading import load_checkpoint_in_model
+from workbench.big_modeling.errors import (
+    BadInputError,
+    CheckpointError,
+    DeviceMapError,
+    OffloadError,
+)
+from workbench.big_modeling.loading.api import load_checkpoint_in_model
+from workbench.big_modeling.loading.index import CheckpointIndex
 
 F32_2X2 = {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
 
@@ -299,8 +304,6 @@ def test_integer_into_float_parameter_cannot_be_cast(tmp_path: Path) -> None:
 
 
 def test_requested_dtype_not_floating(single_ckpt: Path) -> None:
-    from workbench.big_modeling.errors import BadInputError
-
     _load_fails(single_ckpt, "not a floating dtype", BadInputError, dtype=torch.int8)
     _load_fails(single_ckpt, "is not a torch dtype", BadInputError, dtype="float17")
 
@@ -390,7 +393,7 @@ DISK_FULL_SCRIPT = textwrap.dedent(
     import torch
     from checkpoint_fixtures import empty_model
     from workbench.big_modeling.errors import OffloadError
-    from workbench.big_modeling.loading import load_checkpoint_in_model
+    from workbench.big_modeling.loading.api import load_checkpoint_in_model
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
     resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))  # no file may exceed 200 B
     try:

@@ -9,13 +9,23 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from workbench.big_modeling.casting import LayerwiseCastingHook, attach_layerwise_casting_hooks
+from workbench.big_modeling import cpu_offload
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.hooks import (
+from workbench.big_modeling.hooks.base import (
     ModelHook,
     SequentialHook,
     add_hook_to_module,
     remove_hook_from_module,
+)
+from workbench.big_modeling.hooks.casting import (
+    LayerwiseCastingHook,
+    _upcast,
+    attach_layerwise_casting_hooks,
+)
+from workbench.big_modeling.hooks.casting_kernels import (
+    _fp8_upcast_kernel,
+    fp8_upcast_triton,
+    triton_failure,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -236,8 +246,6 @@ def test_hook_driven_by_hand_swaps_in_pre_and_restores_in_post() -> None:
     "cast_first", [True, False], ids=["cast_then_offload", "offload_then_cast"]
 )
 def test_combined_with_cpu_offload_in_either_order(cast_first: bool) -> None:
-    from workbench.big_modeling import cpu_offload
-
     model = _mlp(width=16, depth=2)
     x = torch.randn(2, 16)
     exact = copy.deepcopy(model)(x)
@@ -314,8 +322,6 @@ def test_cuda_fp8_storage_bf16_compute_frees_copies() -> None:
 @pytest.mark.gpu
 def test_cuda_hook_with_the_triton_upcast_matches_tensor_to() -> None:
     """A 2048x2048 fp8 weight (4M elements) takes the Triton kernel inside the hooked forward."""
-    from workbench.big_modeling.casting_kernels import _fp8_upcast_kernel
-
     if _fp8_upcast_kernel() is None:
         pytest.skip("Triton is not installed: the hook uses Tensor.to")
     torch.manual_seed(0)
@@ -334,13 +340,6 @@ def test_cuda_hook_with_the_triton_upcast_matches_tensor_to() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16], ids=str)
 def test_cuda_fp8_upcast_kernel_is_bit_exact(compute) -> None:
-    from workbench.big_modeling.casting import _upcast
-    from workbench.big_modeling.casting_kernels import (
-        _fp8_upcast_kernel,
-        fp8_upcast_triton,
-        triton_failure,
-    )
-
     if _fp8_upcast_kernel() is None:
         pytest.skip("Triton is not installed: the hook uses Tensor.to")
     every_code = torch.arange(256, dtype=torch.uint8, device="cuda")

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from workbench.big_modeling.casting import _upcast, attach_layerwise_casting_hooks
-from workbench.big_modeling.casting_kernels import _CPU_CHUNK_NUMEL, fp8_upcast_cpu_into
-from workbench.big_modeling.casting_scratch import ScratchPool
+from workbench.big_modeling.hooks.casting import _upcast, attach_layerwise_casting_hooks
+from workbench.big_modeling.hooks.casting_kernels import _CPU_CHUNK_NUMEL, fp8_upcast_cpu_into
+from workbench.big_modeling.hooks.casting_scratch import ScratchPool
 
 FP8 = torch.float8_e4m3fn
 WIDTH = 256  # 256*256 = 65,536 weight elements: just big enough for the CPU kernel

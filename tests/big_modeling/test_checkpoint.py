@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from workbench.big_modeling import CheckpointIndex
 from workbench.big_modeling.errors import CheckpointError
-from workbench.big_modeling.streaming import iter_checkpoint_tensors
+from workbench.big_modeling.loading.reader import iter_checkpoint_tensors
 
 # TinyNet state without head.weight: embed 16*8, per block up 16*8+16, bn 4*16 (+int64 counter),
 # down 8*16+8; norm 8+8; position_ids 4 int64.

@@ -9,16 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.big_modeling.align_hook import _offloading_hook
 from workbench.big_modeling.dispatch import (
     cpu_offload,
-    cpu_offload_with_hook,
     disk_offload,
     dispatch_model,
 )
-from workbench.big_modeling.planner import infer_auto_device_map
-from workbench.big_modeling.prefetch import disable_prefetch
-from workbench.big_modeling.sizes import get_max_memory
+from workbench.big_modeling.hooks.align import offloading_hook
+from workbench.big_modeling.hooks.cpu_offload import cpu_offload_with_hook
+from workbench.big_modeling.hooks.prefetch import disable_prefetch
+from workbench.big_modeling.planning.planner import infer_auto_device_map
+from workbench.big_modeling.planning.sizes import get_max_memory
 from workbench.big_modeling.transfers import recording_transfers
 
 pytestmark = pytest.mark.gpu
@@ -176,7 +176,7 @@ def test_prefetch_follows_a_replaced_weights_map(case) -> None:
     with torch.no_grad():
         changed.layers[2].weight.mul_(-1)
         expected = copy.deepcopy(changed).to(CUDA)(ids.to(CUDA)).cpu()
-    hook = _offloading_hook(offloaded.layers[2])
+    hook = offloading_hook(offloaded.layers[2])
     hook.weights_map = {n: t.detach().clone() for n, t in changed.layers[2].named_parameters()}
     with torch.no_grad():
         for _ in range(2):

@@ -11,13 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from workbench.big_modeling.device_map import (
-    check_device_map,
-    clean_device_map,
-    load_device_map,
-    resolve_device_map,
-    save_device_map,
-)
+from workbench.big_modeling.device_map.coverage import check_device_map, resolve_device_map
+from workbench.big_modeling.device_map.files import load_device_map, save_device_map
+from workbench.big_modeling.device_map.value import clean_device_map
 from workbench.big_modeling.errors import BadInputError, DeviceMapError
 
 

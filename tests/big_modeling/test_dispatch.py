@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from workbench.big_modeling.dispatch import cpu_offload, disk_offload, dispatch_model
-from workbench.big_modeling.hooks import remove_hook_from_submodules
+from workbench.big_modeling.hooks.base import remove_hook_from_submodules
 
 
 class Block(nn.Module):
@@ -76,7 +76,7 @@ def make_batchnorm() -> tuple[nn.Module, torch.Tensor, dict]:
 
 
 def make_llama() -> tuple[nn.Module, torch.Tensor, dict]:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # heavy: imported only where needed
 
     config = LlamaConfig(
         hidden_size=64,

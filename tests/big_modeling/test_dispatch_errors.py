@@ -11,13 +11,12 @@ from torch import nn
 
 from workbench.big_modeling.dispatch import (
     _main_device,
-    cpu_offload_with_hook,
     disk_offload,
     dispatch_model,
 )
 from workbench.big_modeling.errors import CheckpointError, DeviceMapError
-from workbench.big_modeling.offload import offload_state_dict
-from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
+from workbench.big_modeling.hooks.cpu_offload import cpu_offload_with_hook
+from workbench.big_modeling.offload.folder import OffloadedWeightsLoader, offload_state_dict
 
 META = torch.device("meta")
 

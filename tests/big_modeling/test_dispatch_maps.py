@@ -14,13 +14,16 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.big_modeling.alignment import has_offloaded_params
 from workbench.big_modeling.dispatch import dispatch_model
+from workbench.big_modeling.empty_init import init_empty_weights
 from workbench.big_modeling.errors import DeviceMapError
-from workbench.big_modeling.hooks import remove_hook_from_submodules
-from workbench.big_modeling.offload import offload_state_dict
-from workbench.big_modeling.planner import infer_auto_device_map, plan_device_map
-from workbench.big_modeling.sizes import compute_module_sizes
+from workbench.big_modeling.hooks.align import has_offloaded_params
+from workbench.big_modeling.hooks.base import remove_hook_from_submodules
+from workbench.big_modeling.loading.api import load_checkpoint_and_dispatch
+from workbench.big_modeling.loading.writer import save_sharded_checkpoint
+from workbench.big_modeling.offload.folder import offload_state_dict
+from workbench.big_modeling.planning.planner import infer_auto_device_map, plan_device_map
+from workbench.big_modeling.planning.sizes import compute_module_sizes
 
 
 class Layer(nn.Module):
@@ -131,10 +134,6 @@ def test_overlapping_map_round_trips_through_hook_removal(tmp_path: Path) -> Non
 
 def test_overlapping_map_through_load_checkpoint_and_dispatch(tmp_path: Path) -> None:
     """The loading helper's path: weights come from a checkpoint, disk blocks stay on meta."""
-    from workbench.big_modeling.empty_init import init_empty_weights
-    from workbench.big_modeling.loading import load_checkpoint_and_dispatch
-    from workbench.big_modeling.shards import save_sharded_checkpoint
-
     _, reference, x = _net()
     save_sharded_checkpoint(reference.state_dict(), tmp_path / "ckpt", num_shards=2)
     with init_empty_weights():
@@ -203,7 +202,7 @@ def test_uncovered_non_persistent_buffer_on_meta_is_named(tmp_path: Path) -> Non
 
 
 def _real(config) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy: imported only where needed
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).eval()

@@ -12,10 +12,11 @@ import checkpoint_fixtures as fx
 import pytest
 from checkpoint_fixtures import (
     TinyNet,
+    empty_model,
 )
 
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.loading import load_checkpoint_in_model
+from workbench.big_modeling.loading.api import load_checkpoint_in_model
 
 # session fixtures shared with the other loading tests
 reference_model = fx.reference_model
@@ -32,7 +33,7 @@ WORKER = textwrap.dedent(
 
     sys.path.insert(0, {tests!r})
     from checkpoint_fixtures import empty_model, make_reference
-    from workbench.big_modeling.loading import load_checkpoint_in_model
+    from workbench.big_modeling.loading.api import load_checkpoint_in_model
 
     def run(rank, store_path, ckpt, out_dir):
         dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
@@ -97,7 +98,5 @@ def test_rank0_reads_and_rank1_receives_every_tensor(sharded_ckpt: Path, tmp_pat
 
 
 def test_broadcast_needs_a_process_group(sharded_ckpt: Path, reference_model: TinyNet) -> None:
-    from checkpoint_fixtures import empty_model
-
     with pytest.raises(BadInputError, match="needs an initialised process group"):
         load_checkpoint_in_model(empty_model(), sharded_ckpt, broadcast_from_rank0=True)

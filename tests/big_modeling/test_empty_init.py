@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import psutil
 import pytest
 import torch
@@ -92,24 +90,17 @@ def test_init_on_device_rejects_disk() -> None:
 
 
 @pytest.mark.slow
-def test_hundred_billion_parameters_cost_no_ram_and_no_more_time_than_meta() -> None:
+def test_hundred_billion_parameters_cost_no_ram() -> None:
+    """The time against torch's meta device is measured by ``benchmarks/bench_empty_init.py``."""
     # 1000 x Linear(10000, 10000) = 1e11 parameters, 400 GB in float32.
     process = psutil.Process()
     rss_before = process.memory_info().rss
-    start_s = time.perf_counter()
     with init_empty_weights():
         model = nn.Sequential(*[nn.Linear(10000, 10000) for _ in range(1000)])
-    ours_s = time.perf_counter() - start_s
     rss_growth = process.memory_info().rss - rss_before
     assert sum(p.numel() for p in model.parameters()) == 1000 * (10000 * 10000 + 10000)
     assert all(p.is_meta for p in model.parameters())
     assert rss_growth < 100 * 2**20  # module objects only, never a weight
-    start_s = time.perf_counter()
-    with torch.device("meta"):
-        nn.Sequential(*[nn.Linear(10000, 10000) for _ in range(1000)])
-    meta_s = time.perf_counter() - start_s
-    # Same order of cost as torch's meta device (generous factor: the CI machine is shared).
-    assert ours_s < 3 * meta_s + 0.5
 
 
 def test_init_functions_skip_meta_tensors_only_and_are_restored() -> None:

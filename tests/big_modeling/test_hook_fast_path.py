@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.big_modeling.alignment import AlignDevicesHook
-from workbench.big_modeling.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
-from workbench.big_modeling.io_moves import move_args, move_kwargs
+from workbench.big_modeling.hooks.align import AlignDevicesHook
+from workbench.big_modeling.hooks.base import ModelHook, add_hook_to_module, remove_hook_from_module
+from workbench.big_modeling.hooks.io_moves import move_args, move_kwargs
 from workbench.big_modeling.transfers import recording_transfers
 
 CPU = torch.device("cpu")
@@ -31,13 +31,28 @@ class Echo(nn.Module):
         return args, kwargs
 
 
+def _inline_cpu(hook: ModelHook) -> bool:
+    return hook.input_move is not None and hook.input_move.to_cpu
+
+
 def test_only_plain_cpu_hooks_take_the_cpu_test() -> None:
-    assert AlignDevicesHook("cpu")._inline_cpu
-    assert not AlignDevicesHook(META)._inline_cpu
-    assert not AlignDevicesHook("cpu", io_same_device=True)._inline_cpu
-    assert not AlignDevicesHook("cpu", offload=True)._inline_cpu
-    assert not AlignDevicesHook(None)._inline_cpu
-    assert not ModelHook()._inline_cpu
+    assert _inline_cpu(AlignDevicesHook("cpu"))
+    assert not _inline_cpu(AlignDevicesHook(META))
+    assert not _inline_cpu(AlignDevicesHook("cpu", io_same_device=True))
+    assert not _inline_cpu(AlignDevicesHook("cpu", offload=True))
+    assert not _inline_cpu(AlignDevicesHook(None))
+    assert not _inline_cpu(ModelHook())
+
+
+def test_changing_skip_keys_after_attaching_reaches_the_inlined_move() -> None:
+    hook = AlignDevicesHook(META)
+    module = add_hook_to_module(Echo(), hook)
+    x = torch.ones(1)
+    _, kwargs = module(cache=x)
+    assert kwargs["cache"].device == META
+    hook.skip_keys = ["cache"]
+    _, kwargs = module(cache=x)
+    assert kwargs["cache"] is x
 
 
 def test_changing_the_execution_device_after_attaching_moves_inputs_there() -> None:
@@ -47,7 +62,7 @@ def test_changing_the_execution_device_after_attaching_moves_inputs_there() -> N
     (got,), _ = module(x)
     assert got is x  # already on the CPU: passed through, not copied
     hook.execution_device = META
-    assert not hook._inline_cpu and hook._inline_moves
+    assert not _inline_cpu(hook) and hook.input_move is not None
     (got,), _ = module(x)
     assert got.device == META
 

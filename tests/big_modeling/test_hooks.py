@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.big_modeling.hooks import (
+from workbench.big_modeling.hooks.base import (
     ModelHook,
     SequentialHook,
     add_hook_to_module,

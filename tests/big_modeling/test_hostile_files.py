@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from workbench.big_modeling import sizes
-from workbench.big_modeling.checkpoint import CheckpointIndex
 from workbench.big_modeling.errors import BadInputError, CheckpointError, MemoryBudgetError
-from workbench.big_modeling.offload import load_offload_index, offload_state_dict
-from workbench.big_modeling.prefetch_reader import _safetensors_offsets
-from workbench.big_modeling.sizes import (
+from workbench.big_modeling.hooks.prefetch_reader import _safetensors_offsets
+from workbench.big_modeling.loading.index import CheckpointIndex
+from workbench.big_modeling.offload.folder import load_offload_index, offload_state_dict
+from workbench.big_modeling.planning import sizes
+from workbench.big_modeling.planning.sizes import (
     SizeUnitWarning,
     convert_file_size_to_int,
     get_max_memory,

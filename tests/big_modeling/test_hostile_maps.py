@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from workbench.big_modeling.device_map import (
+from workbench.big_modeling.device_map.files import (
     MAX_KEY_CHARS,
     _contradictions,
     check_model_record,
@@ -24,7 +24,7 @@ from workbench.big_modeling.device_map import (
 from workbench.big_modeling.devices import check_devices_available, normalize_device
 from workbench.big_modeling.dispatch import dispatch_model
 from workbench.big_modeling.errors import DeviceMapError
-from workbench.big_modeling.loading import load_checkpoint_in_model
+from workbench.big_modeling.loading.api import load_checkpoint_in_model
 
 reference_model = fx.reference_model
 single_ckpt = fx.single_ckpt

@@ -8,9 +8,11 @@ import checkpoint_fixtures as fx
 import pytest
 import torch
 from checkpoint_fixtures import TinyNet, empty_model, make_reference
+from safetensors.torch import save_file
 
-from workbench.big_modeling import load_checkpoint_and_dispatch, load_checkpoint_in_model, streaming
+from workbench.big_modeling import load_checkpoint_and_dispatch, load_checkpoint_in_model
 from workbench.big_modeling.errors import LoadCancelled
+from workbench.big_modeling.loading import reader
 from workbench.big_modeling.progress import CancelToken, LoadProgress
 
 # session fixtures shared with the other loading tests
@@ -25,7 +27,7 @@ IDS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 15]])
 def test_load_to_gpu_bitwise(
     chunk_nbytes: int, sharded_ckpt: Path, reference_model: TinyNet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(streaming, "READ_CHUNK_NBYTES", chunk_nbytes)
+    monkeypatch.setattr(reader, "READ_CHUNK_NBYTES", chunk_nbytes)
     model = empty_model()
     load_checkpoint_in_model(model, sharded_ckpt, device_map={"": 0})
     for name, tensor in reference_model.state_dict().items():
@@ -81,8 +83,6 @@ def test_in_place_load_into_cuda_model(sharded_ckpt: Path, reference_model: Tiny
 
 def test_large_tensor_upload_peak_gpu_memory(tmp_path: Path) -> None:
     """256 MiB of weights: GPU memory grows by the weights only (staging is in pinned host memory)."""
-    from safetensors.torch import save_file
-
     weight = torch.randn(8192, 8192)  # 8192*8192*4 B = 256 MiB
     save_file({"weight": weight}, tmp_path / "model.safetensors")
     layer = torch.nn.Linear(8192, 8192, bias=False, device="meta")
@@ -99,7 +99,7 @@ def test_cancel_mid_upload_then_reload_is_exact(
 ) -> None:
     """A cancel while chunks are in flight on the side stream: the load stops cleanly (the
     stream is drained before the pinned buffers go), and a second load gives exact weights."""
-    monkeypatch.setattr(streaming, "READ_CHUNK_NBYTES", 96)  # many chunks per weight
+    monkeypatch.setattr(reader, "READ_CHUNK_NBYTES", 96)  # many chunks per weight
     token = CancelToken()
     reports: list[LoadProgress] = []
 

@@ -21,9 +21,9 @@ from workbench.big_modeling import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
-from workbench.big_modeling.align_hook import AlignDevicesHook
 from workbench.big_modeling.empty_init import init_empty_weights
 from workbench.big_modeling.errors import DeviceMapError
+from workbench.big_modeling.hooks.align import AlignDevicesHook
 
 reference_model = fx.reference_model
 sharded_ckpt = fx.sharded_ckpt

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.big_modeling.shards import save_sharded_checkpoint
+from workbench.big_modeling.loading.writer import save_sharded_checkpoint
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset"
@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent(
     import psutil, torch
     from torch import nn
     from workbench.big_modeling.empty_init import init_empty_weights
-    from workbench.big_modeling.loading import load_checkpoint_in_model
+    from workbench.big_modeling.loading.api import load_checkpoint_in_model
 
     mode, folder = sys.argv[1], sys.argv[2]
     with init_empty_weights():
@@ -60,7 +60,7 @@ SCRIPT = textwrap.dedent(
         load_checkpoint_in_model(model, folder, device_map={{"": "cpu"}}, dtype=torch.float16)
     else:  # whole-shard baseline: read each shard whole, then copy its tensors out
         import glob
-        from workbench.big_modeling.checkpoint import CheckpointIndex
+        from workbench.big_modeling.loading.index import CheckpointIndex
         index = CheckpointIndex.from_path(folder)
         for shard in sorted(glob.glob(folder + "/*.safetensors")):
             data = bytearray(open(shard, "rb").read())

@@ -20,9 +20,8 @@ from workbench.big_modeling import (
     OffloadedWeightsLoader,
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
-    load_exec,
-    streaming,
 )
+from workbench.big_modeling.loading import execute, reader
 
 # session fixtures shared with the other loading tests
 reference_model = fx.reference_model
@@ -152,7 +151,7 @@ def test_dispatch_auto_map_with_budget(
 def test_progress_reports_bytes_and_names(
     sharded_ckpt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(streaming, "READ_CHUNK_NBYTES", 64)  # 512 B embed.weight -> 8 chunk reports
+    monkeypatch.setattr(reader, "READ_CHUNK_NBYTES", 64)  # 512 B embed.weight -> 8 chunk reports
     reports: list[LoadProgress] = []
     load_checkpoint_in_model(empty_model(), sharded_ckpt, progress=reports.append, mmap=False)
     assert reports[0].bytes_done == 0 and reports[-1].bytes_done == reports[-1].bytes_total == 4760
@@ -213,7 +212,7 @@ def test_large_cast_reports_every_chunk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # blocks.0.up.weight: 16*8 fp32 = 512 B, read + cast (+ written) in 8 chunks of 64 B
-    monkeypatch.setattr(load_exec, "WORK_CHUNK_NBYTES", 64)
+    monkeypatch.setattr(execute, "WORK_CHUNK_NBYTES", 64)
     reports: list[LoadProgress] = []
     model = empty_model()
     load_checkpoint_in_model(
@@ -240,7 +239,7 @@ def test_large_cast_reports_every_chunk(
 def test_cancel_mid_tensor_stops_before_it_finishes(
     where: str, sharded_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(load_exec, "WORK_CHUNK_NBYTES", 64)  # blocks.0.up.weight: 8 chunks
+    monkeypatch.setattr(execute, "WORK_CHUNK_NBYTES", 64)  # blocks.0.up.weight: 8 chunks
     folder = tmp_path / "off"
     folder.mkdir()
     (folder / "keep.txt").write_text("user file")

@@ -25,7 +25,7 @@ RELOAD_SCRIPT = textwrap.dedent(
     import torch
     from checkpoint_fixtures import empty_model
     from workbench.big_modeling.errors import OffloadError
-    from workbench.big_modeling.loading import load_checkpoint_in_model
+    from workbench.big_modeling.loading.api import load_checkpoint_in_model
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
     # every bf16 .dat fits (the largest, embed.weight, is 16*8*2 = 256 B); index.json does not
     resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))

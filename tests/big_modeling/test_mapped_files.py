@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from workbench.big_modeling.errors import CheckpointError
-from workbench.big_modeling.mapped_files import MappedFileCache
-from workbench.big_modeling.offload import (
+from workbench.big_modeling.offload.folder import (
+    OffloadedWeightsLoader,
     load_offloaded_weight,
     offload_state_dict,
     raw_weight_path,
 )
-from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
+from workbench.big_modeling.offload.mapped_files import MappedFileCache
 
 
 def _offloaded(tmp_path: Path, count: int = 3, numel: int = 1024) -> dict[str, torch.Tensor]:

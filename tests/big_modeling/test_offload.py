@@ -13,8 +13,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from workbench.big_modeling import file_swap
 from workbench.big_modeling.errors import CheckpointError, LoadCancelled, OffloadError
-from workbench.big_modeling.offload import (
+from workbench.big_modeling.offload.folder import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
     disk_bytes_written,
     load_offload_index,
     load_offloaded_weight,
@@ -23,7 +26,6 @@ from workbench.big_modeling.offload import (
     remove_offloaded_files,
     save_offload_index,
 )
-from workbench.big_modeling.offload_loader import OffloadedWeightsLoader, PrefixedDataset
 from workbench.big_modeling.progress import CancelToken, LoadProgress
 
 
@@ -146,7 +148,7 @@ def test_write_failure_from_file_size_limit_leaves_no_partial_index(tmp_path: Pa
         f"""
         import resource, signal, sys, torch
         from workbench.big_modeling.errors import OffloadError
-        from workbench.big_modeling.offload import offload_state_dict
+        from workbench.big_modeling.offload.folder import offload_state_dict
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
         state = {{"small": torch.ones(8), "huge": torch.ones(100_000), "after": torch.ones(2)}}
@@ -368,8 +370,6 @@ def test_cuda_round_trip_and_loader_device(tmp_path: Path) -> None:
 def test_a_failed_swap_puts_every_replaced_file_back(tmp_path: Path, monkeypatch) -> None:
     """Re-offloading over an existing folder: when a rename fails midway (the OS refuses it),
     the files already swapped in go back, so the old index still names the old bytes."""
-    from workbench.big_modeling import file_swap
-
     old = {"a": torch.full((4,), 1.0), "b": torch.full((4,), 2.0), "c": torch.full((4,), 3.0)}
     offload_state_dict(tmp_path, old)
     real_replace = file_swap.os.replace

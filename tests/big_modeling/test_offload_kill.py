@@ -16,9 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.big_modeling.offload import load_offload_index, offload_state_dict
-from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
-from workbench.big_modeling.offload_staging import OffloadStager
+from workbench.big_modeling.errors import CheckpointError
+from workbench.big_modeling.loading.offload_staging import OffloadStager
+from workbench.big_modeling.offload.folder import (
+    OffloadedWeightsLoader,
+    load_offload_index,
+    offload_state_dict,
+)
 
 CHILD = Path(__file__).with_name("offload_kill_child.py")
 sys.path.insert(0, str(CHILD.parent))
@@ -90,7 +94,5 @@ def test_a_tampered_journal_is_refused(tmp_path: Path) -> None:
     journal.write_text(
         '{"index": "index.json", "index_sha256": "0", "moves": [["../x", "a", "b", true]]}'
     )
-    from workbench.big_modeling.errors import CheckpointError
-
     with pytest.raises(CheckpointError, match="not a commit journal this workbench wrote"):
         load_offload_index(folder)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.big_modeling.device_map import check_device_map
+from workbench.big_modeling.device_map.coverage import check_device_map
 from workbench.big_modeling.errors import BadInputError, MemoryBudgetError
-from workbench.big_modeling.planner import (
+from workbench.big_modeling.planning.planner import (
     get_balanced_memory,
     infer_auto_device_map,
     plan_device_map,
@@ -121,7 +121,7 @@ def test_trace_covers_every_decision(toy_model: nn.Module) -> None:
 
 
 def test_verbose_logs_the_trace(toy_model: nn.Module, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="workbench.big_modeling.planner"):
+    with caplog.at_level(logging.INFO, logger="workbench.big_modeling.planning.planner"):
         infer_auto_device_map(toy_model, {0: 400, "cpu": 1000}, verbose=True)
     # embed: room kept for the largest later layer (an 80 B Linear): 400 - 80 = 320 B usable
     assert (
@@ -149,7 +149,7 @@ def test_special_dtypes_and_dtype(toy_model: nn.Module) -> None:
 
 
 def test_module_sizes_override(toy_model: nn.Module) -> None:
-    from workbench.big_modeling.sizes import compute_module_sizes
+    from workbench.big_modeling.planning.sizes import compute_module_sizes
 
     sizes = compute_module_sizes(toy_model)
     sizes = {name: nbytes * 2 for name, nbytes in sizes.items()}  # as if float64
@@ -158,8 +158,8 @@ def test_module_sizes_override(toy_model: nn.Module) -> None:
 
 
 def test_tied_weights_share_a_device(tiny_llama) -> None:
-    from workbench.big_modeling.device_map import resolve_device_map
-    from workbench.big_modeling.sizes import compute_module_sizes
+    from workbench.big_modeling.device_map.coverage import resolve_device_map
+    from workbench.big_modeling.planning.sizes import compute_module_sizes
 
     total = compute_module_sizes(tiny_llama)[""]
     for gpu_nbytes in range(total // 10, total, total // 10):
@@ -257,7 +257,7 @@ def test_what_if_planning_never_touches_cuda(tiny_llama, monkeypatch: pytest.Mon
 
 def test_transformers_models_get_valid_maps(tiny_llama, tiny_gpt2, tiny_bert) -> None:
     for model in (tiny_llama, tiny_gpt2, tiny_bert):
-        from workbench.big_modeling.sizes import compute_module_sizes
+        from workbench.big_modeling.planning.sizes import compute_module_sizes
 
         total = compute_module_sizes(model)[""]
         device_map = infer_auto_device_map(

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from workbench.big_modeling.device_map import resolve_device_map
-from workbench.big_modeling.planner import infer_auto_device_map
-from workbench.big_modeling.sizes import compute_module_sizes
+from workbench.big_modeling.device_map.coverage import resolve_device_map
+from workbench.big_modeling.planning.planner import infer_auto_device_map
+from workbench.big_modeling.planning.sizes import compute_module_sizes
 
 
 class Container(nn.Module):
@@ -139,7 +139,7 @@ def test_module_sizes_match_a_naive_prefix_sum(case: tuple[nn.Module, dict, bool
             expected[prefix] = expected.get(prefix, 0) + nbytes
     sizes = compute_module_sizes(model)
     assert {name: sizes[name] for name in expected} == expected
-    from workbench.big_modeling.planner_index import ModuleIndex
+    from workbench.big_modeling.planning.module_index import ModuleIndex
 
     index = ModuleIndex.build(model)
     assert index.buffer_nbytes(0) == 24

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.planner import plan_device_map
-from workbench.big_modeling.reserve import estimate_activation_reserve
+from workbench.big_modeling.planning.activation_reserve import estimate_activation_reserve
+from workbench.big_modeling.planning.planner import plan_device_map
 
 
 def test_llama_reserve_golden(llama_config) -> None:

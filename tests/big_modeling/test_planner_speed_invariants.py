@@ -15,9 +15,9 @@ from test_planner_properties import planning_cases
 from torch import nn
 
 from workbench.big_modeling.empty_init import init_empty_weights
-from workbench.big_modeling.planner import get_balanced_memory, infer_auto_device_map
-from workbench.big_modeling.planner_index import ModuleIndex
-from workbench.big_modeling.planner_lazy import LazyModuleIndex, build_planner_index
+from workbench.big_modeling.planning.module_index import ModuleIndex
+from workbench.big_modeling.planning.on_demand_index import LazyModuleIndex, build_planner_index
+from workbench.big_modeling.planning.planner import get_balanced_memory, infer_auto_device_map
 
 BLOCK = "LlamaDecoderLayer"
 

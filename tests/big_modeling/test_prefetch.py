@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from workbench.big_modeling.dispatch import cpu_offload, disk_offload, dispatch_model
-from workbench.big_modeling.prefetch import Prefetcher, disable_prefetch, enable_prefetch
+from workbench.big_modeling.hooks.align import offloading_hook
+from workbench.big_modeling.hooks.prefetch import Prefetcher, disable_prefetch, enable_prefetch
 
 
 class Reorderable(nn.Module):
@@ -122,8 +123,6 @@ def test_disk_prefetch_follows_a_replaced_weights_map(
 ) -> None:
     """peft swaps a hook's weights_map after merging adapters: a read planned or done ahead
     for the old map must not be served."""
-    from workbench.big_modeling.align_hook import _offloading_hook
-
     model, x = reference
     offloaded = disk_offload(copy.deepcopy(model), tmp_path, "cpu")
     prefetcher = enable_prefetch(offloaded, disk_reads=disk_reads)
@@ -133,7 +132,7 @@ def test_disk_prefetch_follows_a_replaced_weights_map(
     with torch.no_grad():
         changed.layers[2].weight.mul_(-1)
     expected = run(changed, x)
-    hook = _offloading_hook(offloaded.layers[2])
+    hook = offloading_hook(offloaded.layers[2])
     hook.weights_map = {n: t.detach().clone() for n, t in changed.layers[2].named_parameters()}
     for _ in range(2):
         torch.testing.assert_close(run(offloaded, x), expected, rtol=0, atol=0)

@@ -14,11 +14,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from workbench.big_modeling import prefetch_reader
 from workbench.big_modeling.dispatch import disk_offload
 from workbench.big_modeling.errors import CheckpointError
-from workbench.big_modeling.prefetch import Prefetcher, disable_prefetch, enable_prefetch
-from workbench.big_modeling.prefetch_reader import MapJob, is_cached, populate
+from workbench.big_modeling.hooks import prefetch_reader
+from workbench.big_modeling.hooks.prefetch import Prefetcher, disable_prefetch, enable_prefetch
+from workbench.big_modeling.hooks.prefetch_reader import MapJob, is_cached, populate
 
 
 def stack(layers: int = 6, dim: int = 8) -> tuple[nn.Module, torch.Tensor]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workbench.big_modeling.shards import INDEX_NAME, ShardProgress, save_sharded_checkpoint
+from workbench.big_modeling.loading.writer import INDEX_NAME, ShardProgress, save_sharded_checkpoint
 
 KIB = 1024
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.sizes import (
+from workbench.big_modeling.planning.sizes import (
     compute_module_sizes,
     compute_module_total_buffer_size,
     convert_file_size_to_int,

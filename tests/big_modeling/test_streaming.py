@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from workbench.big_modeling import CheckpointIndex, LoadProgress, load_checkpoint_in_model
-from workbench.big_modeling.streaming import READ_CHUNK_NBYTES, TensorReader
+from workbench.big_modeling.loading.reader import READ_CHUNK_NBYTES, TensorReader
 
 SLOW_DISK_BYTES_PER_S = 300e6  # a cold read from a slow SATA disk or network volume
 MAX_GAP_S = 0.1  # progress (and the cancel check) must come within 100 ms of work

@@ -84,7 +84,7 @@ def test_the_library_warns_and_reports_its_stages(tmp_path: Path) -> None:
 
 def test_the_library_reports_each_shard_within_the_writing_stage(tmp_path: Path) -> None:
     from workbench.big_modeling import CheckpointIndex
-    from workbench.big_modeling.shards import ShardProgress
+    from workbench.big_modeling.loading.writer import ShardProgress
     from workbench.models.demo import DEMO_STAGES, make_demo
 
     events: list[str | ShardProgress] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.big_modeling.device_map import load_device_map
+from workbench.big_modeling.device_map.files import load_device_map
 from workbench.models.demo import make_demo
 from workbench.models.intake import open_model
 
@@ -83,12 +83,12 @@ def test_override_profile_budget_and_emit_code(cli) -> None:
     compile(code_text, "<emitted>", "exec")  # valid Python
     assert "LlamaForCausalLM.from_pretrained(" in code_text
     assert "'meta-llama/Llama-3.1-8B'" in code_text
-    assert "max_memory={0: '8GiB', 'cpu': '64GiB', 'disk': '2000GB'}" in code_text
+    assert "max_memory = {0: '8GiB', 'cpu': '64GiB', 'disk': '2000GB'}" in code_text
     assert "dtype=torch.bfloat16" in code_text and "'model.layers.0': 0," in code_text
 
 
 def test_auto_reserve_comes_from_the_config(cli) -> None:
-    from workbench.big_modeling.reserve import estimate_activation_reserve
+    from workbench.big_modeling.planning.activation_reserve import estimate_activation_reserve
 
     code, out, err = cli(
         "plan",
@@ -171,13 +171,11 @@ def test_mixed_dtype_checkpoint_plans_the_bytes_the_tree_reports(cli, tmp_path: 
 
 
 def _emitted_max_memory(code_text: str) -> dict:
-    """The literal ``max_memory=`` of the emitted ``from_pretrained`` call."""
+    """The literal ``max_memory = {...}`` the emitted ``from_pretrained`` call is given."""
     for node in ast.walk(ast.parse(code_text)):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "from_pretrained":
-            for keyword in node.keywords:
-                if keyword.arg == "max_memory":
-                    return ast.literal_eval(keyword.value)
-    raise AssertionError(f"no max_memory= in:\n{code_text}")
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "max_memory":
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"no max_memory = in:\n{code_text}")
 
 
 def test_emitted_budgets_parse_back_under_accelerates_rules(cli, demo_dir: Path) -> None:
@@ -192,5 +190,21 @@ def test_emitted_budgets_parse_back_under_accelerates_rules(cli, demo_dir: Path)
     parsed = {
         device: accelerate_utils.convert_file_size_to_int(value)
         for device, value in max_memory.items()
+    }
+    assert parsed == budgets
+
+
+def test_emitted_code_runs_and_asks_for_the_exact_budgets(cli, demo_dir: Path) -> None:
+    budgets = {"cpu": 1234567891, "disk": 2 * 10**12}
+    items = [f"{device}={nbytes}" for device, nbytes in budgets.items()]
+    code, out, err = cli("plan", str(demo_dir), "--max-memory", *items, "--emit-code", "--json")
+    assert code == 0, err
+    emitted = json.loads(out)["code"]
+    namespace: dict = {}
+    exec(emitted.split("\nmodel = ")[0], namespace)  # everything before from_pretrained runs
+    assert namespace["max_memory"] == {"cpu": 1234567891, "disk": "2000GB"}
+    accelerate_utils = pytest.importorskip("accelerate.utils")
+    parsed = {
+        d: accelerate_utils.convert_file_size_to_int(v) for d, v in namespace["max_memory"].items()
     }
     assert parsed == budgets

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.big_modeling.device_map import save_device_map
+from workbench.big_modeling.device_map.files import save_device_map
 from workbench.cli import main
 
 

@@ -128,17 +128,30 @@ def test_profile() -> Any:
 
 
 @pytest.fixture
-def main_window(qtbot: Any, clean_settings: Path, test_profile: Any) -> Iterator[Any]:
+def worker_bridge() -> Any:
+    """The worker bridge ``main_window`` gets; None: the window makes its own. A test module
+    overrides this fixture to give the window a configured bridge."""
+    return None
+
+
+@pytest.fixture
+def main_window(
+    qtbot: Any, clean_settings: Path, test_profile: Any, worker_bridge: Any
+) -> Iterator[Any]:
     """A shown ``MainWindow`` planning for ``test_profile``; closed (threads joined) after."""
     from workbench.gui.main_window import MainWindow
 
-    window = MainWindow(profiles=[test_profile])
+    errors: list[tuple[str, str]] = []
     # no background worker per opened model: the tests that want one turn it back on
-    window.runtime_panels.warm_on_open = False
+    window = MainWindow(
+        profiles=[test_profile],
+        warm_worker=False,
+        show_error=lambda title, text: errors.append((title, text)),
+        bridge=worker_bridge,
+    )
     # a test's edits are no one's work: close without asking (qtbot closes before teardown)
     qtbot.addWidget(window, before_close_func=lambda w: w.session.mark_clean())
-    window.errors = []  # type: ignore[attr-defined]
-    window._show_error = lambda title, text: window.errors.append((title, text))  # type: ignore[attr-defined]
+    window.errors = errors  # type: ignore[attr-defined]  # what show_error was given
     window.show()
     yield window
     window.session.mark_clean()
@@ -179,7 +192,7 @@ class _TinyOpened:
 
     def with_dtype(self, dtype: Any) -> _TinyOpened:
         """A copy whose tree counts floating weights in ``dtype`` (as ``OpenedModel``)."""
-        from workbench.models.dtypes import parse_dtype
+        from workbench.big_modeling.dtypes import parse_dtype
         from workbench.models.tree import build_module_tree
 
         planning = parse_dtype(dtype)

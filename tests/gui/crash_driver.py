@@ -55,7 +55,7 @@ def main() -> int:
         elif mode == "inspect" and state["step"] == "start":
             if expects_model and w.session.tree is None:
                 return
-            bar = w.restore_bar
+            bar = w.documents.restore_bar
             before = app_settings.autosave_path().read_text(encoding="utf-8")
             w.autosave_now()  # what the 1 s debounce would do after the launch's own open
             after = app_settings.autosave_path().read_text(encoding="utf-8")
@@ -82,9 +82,9 @@ def main() -> int:
                 pending=app_settings.pending_autosave() is not None,
             )
             w.close()  # a recovered session is unsaved work: the window asks first
-        elif state["step"] == "closing" and w.save_prompt is not None:
-            report(step="asked", text=w.save_prompt.text())
-            w.save_prompt.button(QMessageBox.StandardButton.Discard).click()
+        elif state["step"] == "closing" and w.documents.save_prompt is not None:
+            report(step="asked", text=w.documents.save_prompt.text())
+            w.documents.save_prompt.button(QMessageBox.StandardButton.Discard).click()
             app.exit(0)
 
     timer = QTimer(app)

@@ -7,10 +7,8 @@ import json
 
 import pytest
 from PySide6.QtWidgets import QDialogButtonBox
-from torch import nn
 
-from workbench.gui.diff_dialog import MESSAGE_CHARS, map_problems, show_diff_against_file
-from workbench.models.tree import build_module_tree
+from workbench.gui.diff_dialog import MESSAGE_CHARS, show_diff_against_file
 
 pytestmark = pytest.mark.gui
 
@@ -61,12 +59,3 @@ def test_a_map_that_covers_nothing_gets_a_short_speed_line(qtbot, tiny_window, t
     assert shown.endswith(" …") and len(shown) <= MESSAGE_CHARS + 2
     assert full.startswith(shown[:-2])
     dialog.close()
-
-
-def test_map_problems_name_the_first_few_then_count_the_rest() -> None:
-    names = [f"block_{letter}" for letter in "abcdefghijklmnopqrst"]  # 20 distinct names
-    tree = build_module_tree(nn.ModuleDict({name: nn.Linear(1, 1) for name in names}))
-    problems = map_problems(tree, {"block_a": "cpu", "ghost": 0, "phantom": 1}, "m.json")
-    assert problems[0] == "m.json names 2 module(s) not in the model: ghost, phantom"
-    assert problems[1] == ("m.json gives no device to " + ", ".join(names[1:13]) + " … and 7 more")
-    assert map_problems(tree, {"": "cpu"}, "m.json") == []

@@ -16,7 +16,6 @@ from PySide6.QtGui import QTextCursor
 
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.inference_panel import InferencePanel
-from workbench.gui.run_history import map_diff, map_digest, map_summary
 from workbench.runtime.protocol import (
     Failed,
     InferenceResult,
@@ -26,6 +25,7 @@ from workbench.runtime.protocol import (
     TokenStreamed,
     VerifyResult,
 )
+from workbench.runtime.run_records import map_digest
 
 pytestmark = pytest.mark.gui
 
@@ -223,15 +223,6 @@ def test_a_character_cut_off_by_the_token_limit_is_not_shown(qtbot, panel) -> No
 def test_run_needs_a_loaded_model(qtbot, panel) -> None:
     panel.state["map"] = None
     assert panel.run() is None and panel.bridge.host.requests == []
-
-
-def test_map_helpers() -> None:
-    assert map_summary({"a": 0, "b": 0, "c": "disk"}) == "cuda:0 2 · disk 1"
-    assert map_diff({"a": 0, "b": "cpu"}, {"a": 0, "b": "disk", "c": "cpu"}) == [
-        "b: cpu -> disk",
-        "c: - -> cpu",
-    ]
-    assert map_digest({"b": 1, "a": 0}) == map_digest({"a": 0, "b": 1})
 
 
 def _stop(qtbot, panel, request_id: int, *tokens: TokenStreamed) -> None:

@@ -10,7 +10,6 @@ from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QDragMoveEvent, QDropEvent
 from user_input import select_rows
 
-from workbench.gui.map_edit import compact_names
 from workbench.gui.tree_model import modules_mime_data
 
 pytestmark = pytest.mark.gui
@@ -171,7 +170,3 @@ def test_ctrl_number_moves_the_selection_to_that_lane(tiny_window, qtbot) -> Non
     assert window.session.device_map["layers.3"] == 1  # lane 2 = cuda:1
     assert [lane.device for lane in window.lanes.lanes] == [0, 1, "cpu", "disk"]
 
-
-def test_compact_names_groups_numbered_runs() -> None:
-    names = ["m.embed", "m.layers.0", "m.layers.1", "m.layers.2", "m.layers.4", "m.norm"]
-    assert compact_names(names) == ["m.embed", "m.layers.0-2", "m.layers.4", "m.norm"]

@@ -8,17 +8,18 @@ import io
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 import pytest
+from job_holds import HOLD_OBSERVER, hold_options
 from PySide6.QtCore import QPointF
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QToolTip
 
+from workbench.gui.bridge import WorkerBridge
 from workbench.gui.commands import push_plan
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
@@ -34,6 +35,12 @@ def stop_resource_tracker():
     from multiprocessing import resource_tracker
 
     resource_tracker._resource_tracker._stop()
+
+
+@pytest.fixture
+def worker_bridge() -> WorkerBridge:
+    """The window's worker runs the tests' load hold (``tests/job_holds.py``)."""
+    return WorkerBridge(load_observer=HOLD_OBSERVER)
 
 
 @pytest.fixture
@@ -107,8 +114,8 @@ def _hover_slowest_bar(window: Any, qtbot: Any) -> tuple[str, str]:
 
 
 def _held(panels: Any, qtbot: Any) -> None:
-    """Start a load that parks after 2 tensors (the worker's test hook) and wait for it."""
-    panels.controller.load_options = {"hold_after_tensors": 2}
+    """Start a load that parks after 2 tensors (the tests' hold) and wait for it."""
+    panels.controller.load_options = hold_options(2)
     with qtbot.waitSignal(
         panels.bridge.phase,
         check_params_cb=lambda ev: ev.phase == "held",
@@ -198,14 +205,13 @@ def test_full_flow_load_generate_verify_plots(demo_window: Any, qtbot: Any, tmp_
     )
 
 
-def test_cancel_mid_load_returns_to_idle_within_a_second(demo_window: Any, qtbot: Any) -> None:
+def test_cancel_mid_load_returns_to_idle(demo_window: Any, qtbot: Any) -> None:
+    """How soon (the 1 s target) is measured by ``benchmarks/bench_cancel.py``."""
     panels = demo_window.runtime_panels
     planned = dict(demo_window.session.device_map)
     _held(panels, qtbot)
-    start_s = time.monotonic()
-    with qtbot.waitSignal(panels.controller.busy_changed, timeout=5000):
+    with qtbot.waitSignal(panels.controller.busy_changed, timeout=LOAD_TIMEOUT_MS):
         panels.progress_widget.cancel_button.click()
-    assert time.monotonic() - start_s < 1.0
     assert not panels.controller.busy and not panels.controller.loaded
     assert panels.load_action.isEnabled() and not panels.cancel_action.isEnabled()
     assert panels.controller.errors == []  # a cancel is not an error

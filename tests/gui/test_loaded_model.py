@@ -81,8 +81,8 @@ def test_the_planner_says_ok_only_for_a_map_the_load_check_accepts(qtbot, tiny_w
 
 def _discard_if_asked(qtbot, window) -> None:
     if window.session.dirty:
-        qtbot.waitUntil(lambda: window.save_prompt is not None, timeout=5000)
-        window.save_prompt.button(QMessageBox.StandardButton.Discard).click()
+        qtbot.waitUntil(lambda: window.documents.save_prompt is not None, timeout=5000)
+        window.documents.save_prompt.button(QMessageBox.StandardButton.Discard).click()
 
 
 def _answer_unload_prompt(qtbot, window, text: str) -> None:

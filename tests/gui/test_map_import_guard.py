@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox
 
-from workbench.big_modeling.device_map import save_device_map
+from workbench.big_modeling.device_map.files import save_device_map
 from workbench.gui import diff_dialog, map_io
 
 pytestmark = pytest.mark.gui

@@ -118,9 +118,26 @@ def test_copy_as_code_puts_a_runnable_snippet_on_the_clipboard(tiny_window) -> N
     namespace: dict = {}
     exec(snippet.split("model = ")[0].split("from transformers")[1].split("\n", 1)[1], namespace)
     assert namespace["device_map"] == planned
-    assert namespace["max_memory"] == {0: "24576MiB", 1: "24576MiB", "cpu": "65536MiB"}
+    assert namespace["max_memory"] == {0: "24GiB", 1: "24GiB", "cpu": "64GiB", "disk": "1024GiB"}
     assert 'offload_folder="offload"' in snippet
     assert "TinyLM.from_pretrained(" in snippet
+
+
+def test_copy_as_code_asks_for_the_exact_budgets_disk_included(tiny_window) -> None:
+    window = tiny_window
+    _spread(window)
+    budgets = {0: 1234567891, 1: 24 * 2**30, "cpu": 64 * 2**30, "disk": 2 * 10**12}
+    window.session.set_budgets(budgets, reason="test")
+    snippet = map_io.copy_as_code(window)
+    namespace: dict = {}
+    assignments = snippet.split("\nmodel = ")[0].split("from transformers")[1].split("\n", 1)[1]
+    exec(assignments, namespace)  # TinyLM is no transformers class: run the dicts only
+    assert namespace["max_memory"] == {0: 1234567891, 1: "24GiB", "cpu": "64GiB", "disk": "2000GB"}
+    accelerate_utils = pytest.importorskip("accelerate.utils")
+    parsed = {
+        d: accelerate_utils.convert_file_size_to_int(v) for d, v in namespace["max_memory"].items()
+    }
+    assert parsed == window.session.budgets == budgets
 
 
 def test_copy_as_code_for_a_bundled_config_names_its_hub_repo(main_window, open_in_window) -> None:

@@ -14,9 +14,9 @@ import pytest
 from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 
-from workbench.gui.formatting import format_nbytes
 from workbench.gui.tree_model import modules_mime_data
 from workbench.resources import resource_path
+from workbench.runtime.formatting import format_nbytes
 
 pytestmark = pytest.mark.gui
 

@@ -6,7 +6,7 @@ import pytest
 from PySide6.QtCore import Qt
 from user_input import compare_strategies
 
-from workbench.gui.planner_compare import run_comparison
+from workbench.runtime.strategy_compare import run_comparison
 
 pytestmark = pytest.mark.gui
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from user_input import compare_strategies
 
-from workbench.gui.planner_compare import run_comparison
+from workbench.runtime.strategy_compare import run_comparison
 
 pytestmark = pytest.mark.gui
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 
 import numpy as np
 import pytest
@@ -71,16 +70,23 @@ def test_memory_plot_draws_samples_in_gib(qtbot, memory_plot: MemoryPlot) -> Non
     assert memory_plot.series_names == ["worker rss", "cuda:0 allocated"]
 
 
-def test_memory_plot_refreshes_at_least_10_hz_while_fed(qtbot, memory_plot: MemoryPlot) -> None:
+def test_memory_plot_keeps_refreshing_while_fed(qtbot, memory_plot: MemoryPlot) -> None:
+    """The rate (>= 10 Hz) is measured by ``benchmarks/bench_plots.py``."""
+    clock = {"t_s": 0.0}
+
+    def feed() -> None:
+        clock["t_s"] += 0.02
+        memory_plot.append_sample(clock["t_s"], {"worker rss": GIB * (1 + clock["t_s"])})
+
     feeder = QTimer()
     feeder.setInterval(20)  # 50 samples/s
-    feeder.timeout.connect(lambda: memory_plot.append_sample(time.monotonic(), {"worker rss": GIB}))
+    feeder.timeout.connect(feed)
     feeder.start()
-    start_count, start_s = memory_plot.refresh_count, time.monotonic()
-    qtbot.waitUntil(lambda: memory_plot.refresh_count - start_count >= 10, timeout=3000)
+    start_count = memory_plot.refresh_count
+    qtbot.waitUntil(lambda: memory_plot.refresh_count - start_count >= 10, timeout=30_000)
     feeder.stop()
-    # 10 refreshes at >= 10 Hz take <= ~1 s; allow a loaded CI machine 1.6 s
-    assert time.monotonic() - start_s < 1.6
+    x, _ = memory_plot.drawn_data("worker rss")
+    assert len(x) > 1 and x[-1] > 0  # what is drawn is what was fed, not the first sample
 
 
 def test_memory_plot_keeps_near_budget_lines_in_view(qtbot, memory_plot: MemoryPlot) -> None:
@@ -325,44 +331,6 @@ def test_export_write_errors_are_shown_in_a_message_box(tmp_path, qtbot, memory_
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow
-def test_plots_at_rest_cost_under_5_percent_of_a_core(qtbot) -> None:
-    """A loaded, idle worker still samples memory at 10 Hz: the plot keeps its 10 Hz refresh
-    and redraws each new sample (a pixel or more to the right) for under 5% of a core."""
-    memory_plot, transfer = MemoryPlot(refresh_hz=10.0), TransferPlot()
-    for widget in (memory_plot, transfer):
-        qtbot.addWidget(widget)
-        widget.resize(1200, 400)
-        widget.show()
-    memory_plot.set_budgets({"cpu": 16 * GIB})
-    clock = {"t_s": 0.0}
-
-    def sample() -> None:
-        clock["t_s"] += 0.1
-        k = round(clock["t_s"] * 10)
-        memory_plot.append_sample(
-            clock["t_s"], {"worker rss": 2 * GIB + (k % 7) * 4096, "system available": 9 * GIB}
-        )
-
-    for _ in range(600):  # one minute of history: each new sample lands a pixel further right
-        sample()
-    transfer.add_forward([LayerTiming(f"l{i}", 1e-3, 1e-3, 10**6, "cpu") for i in range(32)])
-    feeder = QTimer()
-    feeder.setInterval(100)  # the worker's telemetry rate
-    feeder.timeout.connect(sample)
-    feeder.start()
-    qtbot.waitUntil(lambda: memory_plot.refresh_count > 0, timeout=2000)
-    qtbot.wait(500)  # let the first paint of both plots finish; that is not "at rest"
-    count = memory_plot.refresh_count
-    cpu0, wall0 = time.process_time(), time.monotonic()
-    qtbot.wait(3000)
-    cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
-    feeder.stop()
-    redraws_per_s = (memory_plot.refresh_count - count) / wall_s
-    assert redraws_per_s >= 7, f"only {redraws_per_s:.1f} redraws/s: the test measured no work"
-    assert cpu_s / wall_s < 0.05, f"plots used {cpu_s / wall_s:.1%} of a core at rest"
-
-
 # -- TransferPlot --------------------------------------------------------------------------
 
 
@@ -448,25 +416,19 @@ def test_transfer_plot_draws_transfer_time_at_link_peak_and_marks_overlap(
     assert transfer_plot.at_peak_curve.getOriginalDataset()[0] is None
 
 
-def test_transfer_plot_cost_per_forward_scales_linearly_with_layers(transfer_plot) -> None:
-    def seconds_per_forward(layers: int) -> float:
-        plot = TransferPlot(max_steps=64)
-        names = [f"model.layers.{i}" for i in range(layers)]
-        plot.set_layers(names)
-        rows = [LayerTiming(name, 1e-3, 1e-3, 10**6, "disk") for name in names]
-        start = time.perf_counter()
-        for _ in range(100):
-            plot.add_forward(rows)
-        elapsed = (time.perf_counter() - start) / 100
-        assert plot.heatmap().shape == (64, layers)
-        plot.deleteLater()
-        return elapsed
-
-    seconds_per_forward(30)  # warm up
-    small = min(seconds_per_forward(30) for _ in range(3))
-    large = min(seconds_per_forward(3000) for _ in range(3))
-    # 100x the layers: linear work costs ~100-400x (caches); a list search per layer ~10000x
-    assert large / small < 1000, f"3000 layers cost {large / small:.0f}x 30 layers per forward"
+def test_transfer_plot_heatmap_keeps_every_layer_of_a_deep_model(transfer_plot) -> None:
+    """The cost per forward (linear in the layers) is measured by ``benchmarks/bench_plots.py``."""
+    plot = TransferPlot(max_steps=64)
+    names = [f"model.layers.{i}" for i in range(3000)]
+    plot.set_layers(names)
+    for step in range(70):  # more forwards than steps kept: the oldest leave
+        plot.add_forward([LayerTiming(name, 1e-3 * (step + 1), 1e-3, 10**6, "disk") for name in names])
+    heat = plot.heatmap()
+    assert heat.shape == (64, 3000)
+    # ms of transfer + compute: step k took k + 2; the newest last, the first six gone
+    assert heat[-1].tolist() == pytest.approx([71.0] * 3000)
+    assert heat[0].tolist() == pytest.approx([8.0] * 3000)
+    plot.deleteLater()
 
 
 def test_transfer_plot_is_readable_in_a_low_dock(qtbot) -> None:

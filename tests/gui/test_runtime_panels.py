@@ -12,11 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from PySide6.QtWidgets import QMainWindow
 
 from workbench.big_modeling.transfers import TransferEvent
 from workbench.gui.commands import push_move
-from workbench.gui.runtime_panels import install_runtime_panels
 from workbench.runtime.protocol import (
     CudaMemory,
     Failed,
@@ -115,13 +113,39 @@ def test_install_adds_actions_tabs_and_progress(main_window: Any) -> None:
     assert panels.bridge.host.pid is None  # no worker until the first load
 
 
-def test_install_on_a_broken_window_logs_and_returns_none(qtbot, caplog) -> None:
-    window = QMainWindow()  # no session, no toolbar, no tabs
-    qtbot.addWidget(window)
-    assert install_runtime_panels(window) is None
-    assert "could not be installed" in caplog.text
-    window.show()
-    assert window.isVisible()
+def test_a_worker_that_cannot_start_is_logged_and_loading_stays_offered(
+    window: Any, caplog: Any
+) -> None:
+    panels = window.runtime_panels
+    host = panels.bridge.host
+    host.state = "stopped"
+
+    def refuse_to_spawn() -> None:
+        raise OSError("no more processes")
+
+    host.start = refuse_to_spawn
+    panels.warm_on_open = True
+    caplog.set_level(logging.WARNING, logger="workbench.gui.runtime_panels")
+    assert panels.warm_worker() is False
+    assert "could not start the worker in the background: no more processes" in caplog.text
+    host.state = "idle"
+    panels._update_actions()
+    assert panels.load_action.isEnabled()  # the first load starts a worker itself
+
+
+def test_a_programming_error_while_warming_is_not_swallowed(window: Any) -> None:
+    panels = window.runtime_panels
+    host = panels.bridge.host
+    host.state = "stopped"
+
+    def broken() -> None:
+        raise TypeError("a bug")
+
+    host.start = broken
+    panels.warm_on_open = True
+    with pytest.raises(TypeError, match="a bug"):
+        panels.warm_worker()
+    host.state = "idle"
 
 
 def test_load_shows_progress_then_loaded_state(window: Any, qtbot: Any) -> None:

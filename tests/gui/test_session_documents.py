@@ -169,4 +169,4 @@ def test_a_session_naming_a_missing_model_says_so_and_changes_nothing(
     qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=10_000)
     assert "gone" in window.errors[0][1]
     assert window.session.tree is None and window.session.budgets == before
-    assert window._pending_restore is None
+    assert window.documents.pending_restore is None

@@ -69,8 +69,8 @@ def test_autosave_is_written_and_offered_after_an_unclean_exit(
     assert saved["source"] == "tiny-lm"
     assert app_settings.pending_autosave() == path  # a crash now would lose nothing
     window.close()  # asks first (unsaved changes); Discard is a clean exit, which removes it
-    qtbot.waitUntil(lambda: window.save_prompt is not None, timeout=5000)
-    window.save_prompt.button(QMessageBox.StandardButton.Discard).click()
+    qtbot.waitUntil(lambda: window.documents.save_prompt is not None, timeout=5000)
+    window.documents.save_prompt.button(QMessageBox.StandardButton.Discard).click()
     assert not window.isVisible()
     assert app_settings.pending_autosave() is None
     assert not path.exists()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from workbench.gui.commands import SetDeviceMapCommand, push_plan
-from workbench.gui.diff_dialog import diff_maps, map_at_index, show_diff_against_history
+from workbench.gui.diff_dialog import map_at_index, show_diff_against_history
 from workbench.gui.tree_model import modules_mime_data
+from workbench.runtime.map_edits import diff_maps
 
 pytestmark = pytest.mark.gui
 

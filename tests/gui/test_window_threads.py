@@ -9,6 +9,7 @@ import weakref
 import pytest
 from torch import nn
 
+import workbench.gui.main_window as main_window_module
 from workbench.gui.tree_model import modules_mime_data
 from workbench.gui.workers import TaskThread
 from workbench.models.tree import build_module_tree
@@ -28,21 +29,18 @@ def test_speed_and_planner_threads_are_freed_when_finished(qtbot, tiny_window) -
     qtbot.waitUntil(lambda: not panel.thread.isRunning())
     speed = weakref.ref(window.speed_thread)
     assert window.speed_prediction is not None
-    qtbot.wait(50)  # let the finished threads' clean-up run
+    # a finished thread's clean-up (queued on its ``finished``) lets go of the tree and map
+    qtbot.waitUntil(lambda: window.speed_thread._args == () and panel.thread._args == ())
     finished = [t for t in window.findChildren(TaskThread) if not t.isRunning()]
     assert finished == []
-    assert window.speed_thread._args == () and panel.thread._args == ()  # no tree, no map
     window.lanes.lane(0).dropMimeData(modules_mime_data(["layers.2"]))
     window.update_speed_prediction(wait=True)
-    qtbot.wait(50)
-    assert speed() is None  # the previous prediction's thread object is gone
+    qtbot.waitUntil(lambda: speed() is None)  # the previous prediction's thread object goes
 
 
 def test_an_opened_model_is_freed_after_another_is_opened(
     qtbot, main_window, tiny_opened, monkeypatch
 ) -> None:
-    import workbench.gui.main_window as main_window_module
-
     monkeypatch.setattr(main_window_module, "HUGE_TREE_MODULES", 100)  # take the gc.freeze path
     window = main_window
     model = nn.ModuleList(nn.Linear(2, 2) for _ in range(200))
@@ -59,6 +57,5 @@ def test_an_opened_model_is_freed_after_another_is_opened(
     del tree, model, first
     window.set_opened("tiny-lm", tiny_opened, {"": "cpu"})
     window.update_speed_prediction(wait=True)
-    qtbot.wait(50)
-    gc.collect()
-    assert freed() is None
+    # freed once the finished threads let go of it and a collection breaks its node cycles
+    qtbot.waitUntil(lambda: gc.collect() >= 0 and freed() is None)

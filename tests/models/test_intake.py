@@ -158,7 +158,7 @@ def test_bad_sources_say_what_to_open(tmp_path: Path, demo_llama_dir: Path) -> N
         match=r"not a file, folder or bundled config\. Did you mean: llama-3.1-70b",
     ):
         open_model("llama-3.1-71b")
-    with pytest.raises(BadInputError, match="not a dtype"):
+    with pytest.raises(BadInputError, match="is not a torch dtype"):
         open_model(demo_llama_dir, dtype="float13")
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from workbench.big_modeling.empty_init import init_empty_weights
-from workbench.big_modeling.sizes import compute_module_sizes
+from workbench.big_modeling.planning.sizes import compute_module_sizes
 from workbench.models.intake import open_model
 from workbench.models.tree import build_module_tree, dtype_nbytes, tree_to_dict
 

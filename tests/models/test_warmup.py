@@ -20,8 +20,24 @@ def test_warm_up_starts_once_and_open_model_joins_it(monkeypatch) -> None:
     assert opened.model_class == "LlamaForCausalLM"
 
 
-def test_waiting_without_a_warm_up_returns_at_once(monkeypatch) -> None:
+def test_waiting_without_a_warm_up_starts_none(monkeypatch) -> None:
     monkeypatch.setattr(warmup, "_thread", None)
-    warmup.wait_for_warm_up()
-    monkeypatch.setattr(warmup, "_thread", threading.current_thread())
-    warmup.wait_for_warm_up()  # called from the warm-up thread itself: no self-join
+    assert warmup.wait_for_warm_up() is None
+    assert warmup._thread is None  # waiting never starts an import of its own
+
+
+def test_the_warm_up_thread_itself_may_wait_without_joining_itself(monkeypatch) -> None:
+    outcome: list[object] = []
+
+    def body() -> None:
+        try:
+            warmup.wait_for_warm_up()  # a self-join would raise RuntimeError
+            outcome.append("returned")
+        except RuntimeError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=body, name="transformers-warm-up")
+    monkeypatch.setattr(warmup, "_thread", thread)
+    thread.start()
+    thread.join()
+    assert outcome == ["returned"]

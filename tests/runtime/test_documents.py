@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from workbench.big_modeling.device_map import save_device_map
+from workbench.big_modeling.device_map.files import save_device_map
 from workbench.runtime.documents import Document, classify_document
 from workbench.runtime.session import Session
 

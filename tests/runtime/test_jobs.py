@@ -9,15 +9,23 @@ from typing import Any
 
 import pytest
 import torch
+from job_holds import HOLD_OBSERVER, hold_options
 
 from workbench.big_modeling.progress import CancelToken, LoadProgress
-from workbench.runtime.jobs import JobRunner, ProgressThrottle, iter_job
+from workbench.runtime.jobs import (
+    JobRunner,
+    ObservedLoad,
+    ProgressThrottle,
+    import_load_observer,
+    iter_job,
+)
 from workbench.runtime.protocol import (
     Event,
     Failed,
     Infer,
     InferenceResult,
     Load,
+    Phase,
     Progress,
     Result,
     TokenStreamed,
@@ -25,7 +33,7 @@ from workbench.runtime.protocol import (
     Verify,
     VerifyResult,
 )
-from workbench.runtime.verify import compare_outputs
+from workbench.runtime.verify_compare import compare_outputs
 
 ALL_DISK_LAYERS = {
     "model.embed_tokens": "cpu",
@@ -163,6 +171,78 @@ def test_progress_throttle_passes_phases_and_the_final_report() -> None:
     ]
     assert throttle.tensors_seen == 1000
     assert progress[0].eta_s is not None and progress[0].eta_s >= 0
+
+
+def test_a_load_observer_sees_the_tensor_count_and_the_options_untouched(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    observed: list[ObservedLoad] = []
+    counts: list[int] = []
+
+    def observer(load: ObservedLoad) -> Any:
+        observed.append(load)
+        return counts.append
+
+    token = CancelToken()
+    runner = JobRunner(lambda e: None, load_observer=observer)
+    options = {"anything": [1, 2], "hold_after_tensors": 1}  # not the runner's to read
+    request = Load(
+        1,
+        source=str(demo_dir),
+        device_map={"": "cpu"},
+        dtype="float32",
+        offload_folder=str(tmp_path),
+        options=options,
+    )
+    try:
+        assert isinstance(runner.run(request, token), Result)
+    finally:
+        runner.close()
+    assert len(observed) == 1
+    assert observed[0].request is request and observed[0].token is token
+    assert request.options == options
+    tensors = len(json.loads((demo_dir / "model.safetensors.index.json").read_text())["weight_map"])
+    assert counts == sorted(counts) and counts[-1] == tensors
+    assert set(range(1, tensors + 1)) <= set(counts)  # called after every tensor's report
+
+
+def test_the_tests_hold_parks_a_load_until_it_is_cancelled(demo_dir: Path, tmp_path: Path) -> None:
+    token = CancelToken()
+    events: list[Event] = []
+
+    def emit(event: Event) -> None:
+        events.append(event)
+        if isinstance(event, Phase) and event.phase == "held":
+            token.cancel()  # on the loading thread, inside the hold: its wait returns at once
+
+    runner = JobRunner(emit, load_observer=import_load_observer(HOLD_OBSERVER))
+    request = Load(
+        1,
+        source=str(demo_dir),
+        device_map={"": "cpu"},
+        dtype="float32",
+        offload_folder=str(tmp_path),
+        options=hold_options(3),
+    )
+    try:
+        failed = runner.run(request, token)
+    finally:
+        runner.close()
+    assert isinstance(failed, Failed) and failed.kind == "cancelled", failed
+    assert "last phase: held" in failed.details
+    held = next(i for i, e in enumerate(events) if isinstance(e, Phase) and e.phase == "held")
+    flushed = events[held - 1]  # the hold flushes the progress of its 3 tensors first
+    assert isinstance(flushed, Progress) and flushed.tensor and flushed.bytes_done > 0
+
+
+def test_import_load_observer_names_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="expected 'module:function'"):
+        import_load_observer("job_holds")
+    with pytest.raises(AttributeError):
+        import_load_observer("job_holds:no_such_observer")
+    with pytest.raises(TypeError, match="not callable"):
+        import_load_observer("job_holds:HOLD_LIMIT_S")
+    assert callable(import_load_observer(HOLD_OBSERVER))
 
 
 def test_iter_job_yields_events_until_the_final_one(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.big_modeling.checkpoint import CheckpointIndex
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.loading import load_checkpoint_in_model
+from workbench.big_modeling.loading.api import load_checkpoint_in_model
+from workbench.big_modeling.loading.index import CheckpointIndex
 from workbench.models.intake import open_model
 from workbench.runtime.pipeline_run import (
     DecoderStage,

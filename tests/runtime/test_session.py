@@ -149,7 +149,7 @@ def test_assign_splits_a_covering_entry_using_the_tree(demo_dir: Path) -> None:
     # the split keeps every sibling on the old device, so nothing lost its placement
     assert new_map["model.layers.0"] == "cpu" and new_map["lm_head"] == "cpu"
     assert new_map["model.embed_tokens"] == "cpu" and new_map["model.norm"] == "cpu"
-    from workbench.big_modeling.device_map import check_device_map
+    from workbench.big_modeling.device_map.coverage import check_device_map
 
     check_device_map(session.opened.model, new_map)  # covers every tensor, no overlaps
     session.set_device_map(previous, reason="undo")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_holds import hold_options
 
 from workbench.runtime.protocol import (
     Failed,
@@ -127,7 +128,7 @@ def test_bad_source_then_cancel_mid_load_returns_fast_and_leaves_nothing(
     assert host.state == "idle"
     assert not host.cancel()  # nothing runs
 
-    load_id = host.load(demo_dir, cpu_disk_map, dtype="float32", options={"hold_after_tensors": 20})
+    load_id = host.load(demo_dir, cpu_disk_map, dtype="float32", options=hold_options(20))
     folder = host.offload_folder
     events.wait_for(_held(load_id))
     assert any(folder.iterdir()), "the hold should come after some disk weights were written"
@@ -160,7 +161,7 @@ def test_bad_source_then_cancel_mid_load_returns_fast_and_leaves_nothing(
 def test_worker_death_and_unanswered_cancel_are_reported_and_recovered(
     host: WorkerHost, events: Any, demo_dir: Path, cpu_disk_map: dict
 ) -> None:
-    load_id = host.load(demo_dir, cpu_disk_map, dtype="float32", options={"hold_after_tensors": 20})
+    load_id = host.load(demo_dir, cpu_disk_map, dtype="float32", options=hold_options(20))
     folder = host.offload_folder
     events.wait_for(_held(load_id))
     os.kill(host.pid, signal.SIGKILL)
@@ -186,7 +187,7 @@ def test_worker_death_and_unanswered_cancel_are_reported_and_recovered(
         demo_dir,
         cpu_disk_map,
         dtype="float32",
-        options={"hold_after_tensors": 5, "ignore_cancel": True},
+        options=hold_options(5, ignore_cancel=True),
     )
     folder = host.offload_folder
     events.wait_for(_held(stuck))

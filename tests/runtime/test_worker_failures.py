@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_holds import hold_options
 from safetensors.torch import load_file, save_file
 
 from workbench.runtime.protocol import Failed, Log, Phase, Result, WorkerExited
@@ -70,7 +71,7 @@ def test_engine_warnings_reach_the_host_as_log_events(
 def test_a_segfault_is_reported_with_the_signal_and_a_new_load_works(
     host: WorkerHost, events: Any, demo_dir: Path, cpu_disk_map: dict
 ) -> None:
-    load_id = host.load(demo_dir, cpu_disk_map, dtype="float32", options={"hold_after_tensors": 5})
+    load_id = host.load(demo_dir, cpu_disk_map, dtype="float32", options=hold_options(5))
     folder = host.offload_folder
     events.wait_for(
         lambda e: isinstance(e, Phase) and e.request_id == load_id and e.phase == "held"

@@ -15,7 +15,15 @@ import torch
 
 from workbench.big_modeling.errors import DeviceMapError
 
+#: A device as users write it in a device map or a budget: an ``int`` (accelerator index), a
+#: string (``"cpu"``, ``"cuda:1"``, ``"disk"``...) or a ``torch.device``; ``normalize_device``
+#: turns it into a ``Device``.
 DeviceValue = int | str | torch.device
+#: A canonical device, what ``normalize_device`` returns and device maps hold once normalised:
+#: ``0`` for ``cuda:0``, ``"cpu"``, ``"disk"``, ``"mps"``, ``"meta"``, ``"xpu:1"``.
+Device = int | str
+#: A device map as a plain dict, once normalised (what ``DeviceMap.to_dict()`` returns).
+DeviceDict = dict[str, Device]
 
 # ASCII digits only: str.isdigit() and \d also accept "\u00b2" and "\u0661" (Arabic one).
 # At most 9 digits, so int() never meets its 4300-digit limit.
@@ -24,7 +32,7 @@ _INDEXED = re.compile(r"(cuda|xpu|npu|mlu|hpu)(?::([0-9]{1,9}))?", re.ASCII)
 _PLAIN = {"cpu", "disk", "mps", "meta"}
 
 
-def normalize_device(value: DeviceValue) -> int | str:
+def normalize_device(value: DeviceValue) -> Device:
     """Return the canonical device-map spelling of ``value``.
 
     ``"cuda:1"``, ``torch.device("cuda", 1)`` and ``1`` all become ``1``; ``"CPU "`` becomes
@@ -89,14 +97,14 @@ def device_sort_key(value: DeviceValue) -> tuple[int, int, str]:
     return (rank, 0, canonical)
 
 
-def available_devices() -> list[int | str]:
+def available_devices() -> list[Device]:
     """The devices this machine can hold weights on now: visible GPUs, mps, cpu, disk.
 
     Example:
         >>> available_devices()[-2:]
         ['cpu', 'disk']
     """
-    found: list[int | str] = []
+    found: list[Device] = []
     if torch.cuda.is_available():
         found.extend(range(torch.cuda.device_count()))
     for kind in ("xpu", "npu", "mlu", "hpu"):

@@ -19,46 +19,36 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workbench.big_modeling.align_hook import AlignDevicesHook
-from workbench.big_modeling.alignment import (
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
-)
-from workbench.big_modeling.device_coverage import (
+from workbench.big_modeling.device_map.coverage import (
     covering_devices,
     non_persistent_buffer_names,
     tied_parameter_groups,
     uncovered_owners,
 )
+from workbench.big_modeling.device_map.value import normalize_device_map
 from workbench.big_modeling.devices import (
+    DeviceValue,
     check_devices_available,
     normalize_device,
     to_torch_device,
 )
 from workbench.big_modeling.errors import CheckpointError, DeviceMapError
-from workbench.big_modeling.hooks import add_hook_to_module
-from workbench.big_modeling.offload_hooks import (
-    CpuOffload,
-    UserCpuOffloadHook,
-    cpu_offload_with_hook,
+from workbench.big_modeling.hooks.align import AlignDevicesHook
+from workbench.big_modeling.hooks.attach import (
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
 )
-from workbench.big_modeling.tensor_slots import TiedParamsMap, tie_key
+from workbench.big_modeling.hooks.base import add_hook_to_module
+from workbench.big_modeling.hooks.prefetch import enable_prefetch
+from workbench.big_modeling.hooks.tensor_slots import TiedParamsMap, tie_key
+from workbench.big_modeling.offload.folder import OffloadedWeightsLoader, offload_state_dict
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "CpuOffload",
-    "UserCpuOffloadHook",
-    "cpu_offload",
-    "cpu_offload_with_hook",
-    "disk_offload",
-    "dispatch_model",
-]
-
-Device = int | str | torch.device
+__all__ = ["cpu_offload", "disk_offload", "dispatch_model"]
 
 
-def _main_device(device_map: Mapping[str, int | str], main_device: Device | None) -> int | str:
+def _main_device(device_map: Mapping[str, int | str], main_device: DeviceValue | None) -> int | str:
     if main_device is not None:
         return normalize_device(main_device)
     values = list(device_map.values())
@@ -81,8 +71,8 @@ def _has_index(offload_dir: str | os.PathLike[str] | None) -> bool:
 
 def dispatch_model(
     model: nn.Module,
-    device_map: Mapping[str, Device],
-    main_device: Device | None = None,
+    device_map: Mapping[str, DeviceValue],
+    main_device: DeviceValue | None = None,
     state_dict: Mapping[str, Tensor] | None = None,
     offload_dir: str | os.PathLike[str] | None = None,
     offload_index: Mapping[str, Any] | None = None,
@@ -136,7 +126,7 @@ def dispatch_model(
         >>> model.hf_device_map
         {'0': 'cpu', '1': 'cpu'}
     """
-    device_map = {key: normalize_device(value) for key, value in device_map.items()}
+    device_map = normalize_device_map(device_map)
     main = _main_device(device_map, main_device)
     placement = covering_devices(model, device_map, non_persistent_device=main)
     check_devices_available(device_map, allow_meta=True)  # cuda:99 named, not an assert
@@ -186,9 +176,6 @@ def _dispatch_with_hooks(
     preload_module_classes: list[str] | None,
     prefetch: bool,
 ) -> None:
-    from workbench.big_modeling.offload import offload_state_dict
-    from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
-
     offloaded = {"disk"} if main in ("cpu", "mps") else {"cpu", "disk"}
     model_state = model.state_dict(keep_vars=True)
     if main != "cpu" and state_dict is None:
@@ -239,8 +226,6 @@ def _dispatch_with_hooks(
         tied_params_map=tied_params_map,
     )
     if prefetch:
-        from workbench.big_modeling.prefetch import enable_prefetch
-
         enable_prefetch(model)
     kinds = sorted({str(d) for d in device_map.values() if d in ("cpu", "disk")})
     if kinds:
@@ -272,7 +257,7 @@ def _check_meta(
 
 def cpu_offload(
     model: nn.Module,
-    execution_device: Device | None = None,
+    execution_device: DeviceValue | None = None,
     offload_buffers: bool = False,
     state_dict: Mapping[str, Tensor] | None = None,
     preload_module_classes: list[str] | None = None,
@@ -316,8 +301,6 @@ def cpu_offload(
         preload_module_classes=preload_module_classes,
     )
     if prefetch:
-        from workbench.big_modeling.prefetch import enable_prefetch
-
         enable_prefetch(model)
     return model
 
@@ -325,7 +308,7 @@ def cpu_offload(
 def disk_offload(
     model: nn.Module,
     offload_dir: str | os.PathLike[str],
-    execution_device: Device | None = None,
+    execution_device: DeviceValue | None = None,
     offload_buffers: bool = False,
     preload_module_classes: list[str] | None = None,
     *,
@@ -357,9 +340,6 @@ def disk_offload(
         >>> import torch
         >>> model = disk_offload(torch.nn.Linear(2, 2), "offload")  # doctest: +SKIP
     """
-    from workbench.big_modeling.offload import offload_state_dict
-    from workbench.big_modeling.offload_loader import OffloadedWeightsLoader
-
     if not _has_index(offload_dir):
         state = model.state_dict()
         on_meta = [name for name, tensor in state.items() if tensor.device.type == "meta"]
@@ -381,7 +361,5 @@ def disk_offload(
         preload_module_classes=preload_module_classes,
     )
     if prefetch:
-        from workbench.big_modeling.prefetch import enable_prefetch
-
         enable_prefetch(model)
     return model

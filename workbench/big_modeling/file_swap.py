@@ -19,12 +19,14 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -278,9 +280,6 @@ def sweep_old_directories(target: Path) -> int:
 
 def _exchange(first: Path, second: Path) -> bool:
     """Swap two paths atomically (Linux ``renameat2``); False where that is not available."""
-    import ctypes
-    import sys
-
     if not sys.platform.startswith("linux"):
         return False
     try:

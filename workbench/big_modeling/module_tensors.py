@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from workbench.big_modeling.devices import DeviceValue, to_torch_device
-from workbench.big_modeling.planner_index import as_dtype
-from workbench.big_modeling.tensor_slots import TiedParamsMap
+from workbench.big_modeling.hooks.tensor_slots import TiedParamsMap
+from workbench.big_modeling.planning.dtype_sizes import as_dtype
 
 __all__ = [
     "get_module_size_with_ties",

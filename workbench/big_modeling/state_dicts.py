@@ -16,7 +16,12 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from workbench.big_modeling.device_map.value import covering_key
 from workbench.big_modeling.devices import DeviceValue, normalize_device, to_torch_device
+from workbench.big_modeling.hooks.align import align_module_device
+from workbench.big_modeling.loading.index import CheckpointIndex
+from workbench.big_modeling.loading.pickled import load_pickled_state_dict
+from workbench.big_modeling.loading.reader import TensorReader
 
 __all__ = [
     "extract_submodules_state_dict",
@@ -53,11 +58,9 @@ def extract_submodules_state_dict(
 
 def _device_of(name: str, device_map: Mapping[str, DeviceValue]) -> torch.device:
     """The most specific key of ``device_map`` covering ``name``; ``"disk"`` and none: CPU."""
-    key = name
-    while key not in device_map:
-        if not key:
-            return torch.device("cpu")
-        key = key.rpartition(".")[0]
+    key = covering_key(name, device_map)
+    if key is None:
+        return torch.device("cpu")
     device = normalize_device(device_map[key])
     return torch.device("cpu") if device == "disk" else to_torch_device(device)
 
@@ -70,7 +73,7 @@ def load_state_dict(
 
     Args:
         checkpoint_file: a ``.safetensors`` file, or a ``torch.save`` file of plain tensors.
-        device_map: module name -> device; safetensors entries are read straight onto their
+        device_map: module name -> device; safetensors entries are read, then moved to their
             device (``"disk"`` and uncovered entries onto the CPU). Pickles always load on CPU.
 
     Returns:
@@ -85,24 +88,15 @@ def load_state_dict(
     """
     path = os.fspath(checkpoint_file)
     if not path.endswith(".safetensors"):
-        from workbench.big_modeling.pickled import load_pickled_state_dict
-
         return load_pickled_state_dict(path)
-    from safetensors import safe_open
-
-    from workbench.big_modeling.safetensors_header import read_safetensors_header
-
-    names = list(read_safetensors_header(path).entries)  # clear errors for malformed files
-    by_device: dict[torch.device, list[str]] = {}
-    for name in names:
-        device = _device_of(name, device_map) if device_map else torch.device("cpu")
-        by_device.setdefault(device, []).append(name)
+    index = CheckpointIndex.from_path(path)  # clear errors for malformed files
     tensors: dict[str, Tensor] = {}
-    for device, device_names in by_device.items():
-        with safe_open(path, framework="pt", device=str(device)) as file:
-            for name in device_names:
-                tensors[name] = file.get_tensor(name)
-    return {name: tensors[name] for name in names}
+    with TensorReader(index) as reader:
+        for name, info in index.tensors.items():
+            device = _device_of(name, device_map) if device_map else torch.device("cpu")
+            tensor = reader.read(info)
+            tensors[name] = tensor if device.type == "cpu" else tensor.to(device)
+    return tensors
 
 
 def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, Tensor]:
@@ -122,8 +116,6 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, Tensor]:
         >>> sorted(get_state_dict_offloaded_model(model))
         ['bias', 'weight']
     """
-    from workbench.big_modeling.module_device import align_module_device
-
     state_dict: dict[str, Tensor] = {}
     on_meta: list[str] = []
     for prefix, module in model.named_modules(remove_duplicate=False):

@@ -10,6 +10,10 @@ import argparse
 import json
 import sys
 
+from workbench.commands.inspect import open_with_progress
+from workbench.models.catalog import hub_repo_id
+from workbench.runtime import BadInputError
+
 CLI_ENGINES = ("vllm", "sglang", "llama.cpp")
 
 
@@ -41,13 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.big_modeling.errors import BadInputError
-    from workbench.commands.inspect import open_with_progress
-    from workbench.models.catalog import hub_repo_id
-    from workbench.models.cluster import load_cluster
-    from workbench.runtime.cluster_layout import ModelLayout
-    from workbench.runtime.cluster_plan import GIB, plan_cluster
-    from workbench.runtime.engine_export import export_launch_scripts, node_scripts
+    from workbench.models.cluster import load_cluster  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.cluster_layout import ModelLayout  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.cluster_plan import GIB, plan_cluster  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.engine_export import export_launch_scripts, node_scripts  # noqa: PLC0415 (torch: not at CLI start)
 
     if args.batch < 1 or (args.context is not None and args.context < 1):
         raise BadInputError("--batch and --context must be at least 1")

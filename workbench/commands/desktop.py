@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from workbench import APP_ID
-from workbench.big_modeling.atomic import atomic_write_text
 from workbench.resources import resource_path, resources_root
+from workbench.runtime import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from tqdm import tqdm
+
+from workbench.models.catalog import list_bundled_configs
+from workbench.models.hf_cache import list_cached_models
+from workbench.runtime import BadInputError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -34,8 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.big_modeling.errors import BadInputError
-
     if args.list:
         return _list_sources(args)
     if not args.source:
@@ -58,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def stage_progress(total: int, *, quiet: bool, desc: str) -> Iterator[Any]:
     """A tqdm bar on stderr over named stages; silent when ``quiet`` or stderr is no TTY."""
-    from tqdm import tqdm
-
     disable = quiet or not sys.stderr.isatty()
     with tqdm(total=total, desc=desc, file=sys.stderr, disable=disable, leave=False) as bar:
         yield bar
@@ -67,7 +69,7 @@ def stage_progress(total: int, *, quiet: bool, desc: str) -> Iterator[Any]:
 
 def open_with_progress(source: str, *, dtype: str | None, quiet: bool) -> Any:
     """``open_model`` with a progress bar over its stages (config, build, headers, tree)."""
-    from workbench.models.intake import OPEN_STAGES, open_model
+    from workbench.models.intake import OPEN_STAGES, open_model  # noqa: PLC0415 (torch: not at CLI start)
 
     with stage_progress(len(OPEN_STAGES), quiet=quiet, desc=f"opening {source}") as bar:
 
@@ -82,8 +84,8 @@ def open_with_progress(source: str, *, dtype: str | None, quiet: bool) -> Any:
 
 def describe_model(opened: Any, *, depth: int | None) -> dict[str, Any]:
     """The JSON document of ``inspect --json``."""
-    from workbench.models.dtypes import dtype_name
-    from workbench.models.tree import tree_to_dict
+    from workbench.models.tree import tree_to_dict  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime import dtype_name  # noqa: PLC0415 (torch: not at CLI start)
 
     checkpoint = None
     if opened.checkpoint is not None:
@@ -117,8 +119,7 @@ def describe_model(opened: Any, *, depth: int | None) -> dict[str, Any]:
 
 def summary_lines(opened: Any) -> list[str]:
     """The header of ``inspect``: class, counts, sizes, dtypes, no-split and tied weights."""
-    from workbench.big_modeling.sizes import format_nbytes, format_param_count
-    from workbench.models.dtypes import dtype_name
+    from workbench.runtime import dtype_name, format_nbytes, format_param_count  # noqa: PLC0415 (torch: not at CLI start)
 
     root = opened.tree.root
     lines = [
@@ -152,7 +153,7 @@ def summary_lines(opened: Any) -> list[str]:
 
 def tree_lines(root: Any, *, depth: int) -> list[str]:
     """Indented rows ``name  class  params  size  [no-split] [tied]`` down to ``depth``."""
-    from workbench.big_modeling.sizes import format_nbytes, format_param_count
+    from workbench.runtime import format_nbytes, format_param_count  # noqa: PLC0415 (torch: not at CLI start)
 
     rows: list[tuple[str, str, str, str, str]] = []
     stack: list[tuple[Any, int]] = [(root, 0)]
@@ -190,9 +191,7 @@ def _format_row(row: tuple[str, ...], widths: list[int]) -> str:
 
 
 def _list_sources(args: argparse.Namespace) -> int:
-    from workbench.big_modeling.sizes import format_nbytes
-    from workbench.models.catalog import list_bundled_configs
-    from workbench.models.hf_cache import list_cached_models
+    from workbench.runtime import format_nbytes  # noqa: PLC0415 (torch: not at CLI start)
 
     bundled = list_bundled_configs()
     cached = list_cached_models()

@@ -7,6 +7,8 @@ import json
 import sys
 import warnings
 
+from workbench.commands.inspect import stage_progress
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -31,11 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.big_modeling.shards import ShardProgress
-    from workbench.big_modeling.sizes import format_nbytes, format_param_count
-    from workbench.commands.inspect import stage_progress
-    from workbench.models.demo import DEMO_STAGES, make_demo
-    from workbench.models.intake import open_model
+    from workbench.models.demo import DEMO_STAGES, make_demo  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.models.intake import open_model  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime import ShardProgress, format_nbytes, format_param_count  # noqa: PLC0415 (torch: not at CLI start)
 
     stages = (*DEMO_STAGES, "opening the demo")
     with (

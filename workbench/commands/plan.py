@@ -2,19 +2,23 @@
 
 Budgets come from ``--max-memory 0=24GiB cpu=64GiB disk=1TiB``, from ``--profile NAME`` (a
 what-if machine; ``--max-memory`` entries override it), or, with neither, from this machine's
-free memory. ``--emit-code`` prints the equivalent ``from_pretrained`` call.
+free memory. ``--emit-code`` prints the equivalent ``from_pretrained`` call. The plan is the
+planner panel's: ``workbench.runtime.planning.plan_opened_model``.
+
+Torch comes in only when the command runs: the CLI imports this module to build its parser.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 from typing import Any
 
-STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+from workbench.commands.inspect import open_with_progress, stage_progress
+from workbench.runtime import BadInputError
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # runtime.planning's (torch)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,9 +65,7 @@ def parse_device_sizes(items: list[str], option: str) -> dict[int | str, int]:
     Raises:
         BadInputError: an item without ``=``, a device twice, a bad device or size.
     """
-    from workbench.big_modeling.devices import normalize_device
-    from workbench.big_modeling.errors import BadInputError
-    from workbench.big_modeling.sizes import convert_file_size_to_int
+    from workbench.runtime import convert_file_size_to_int, normalize_device  # noqa: PLC0415 (torch: not at CLI start)
 
     sizes: dict[int | str, int] = {}
     for item in items:
@@ -86,10 +88,14 @@ def parse_device_sizes(items: list[str], option: str) -> dict[int | str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.big_modeling.errors import BadInputError
-    from workbench.commands.inspect import open_with_progress, stage_progress
-    from workbench.models.hardware import detect_hardware, load_profile, profile_for_budgets
-    from workbench.models.speed import predict_speed
+    from workbench.models.hardware import (  # noqa: PLC0415 (torch: not at CLI start)
+        detect_hardware,
+        load_profile,
+        profile_for_budgets,
+    )
+    from workbench.models.speed import predict_speed  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime import save_device_map  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.planning import plan_opened_model  # noqa: PLC0415 (torch: not at CLI start)
 
     if args.prompt_tokens < 1:
         raise BadInputError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
@@ -105,13 +111,11 @@ def run(args: argparse.Namespace) -> int:
     opened = open_with_progress(args.source, dtype=args.dtype, quiet=args.json)
     reserve = _reserve(args.reserve, opened, budgets, args.prompt_tokens)
     with stage_progress(1, quiet=args.json, desc="planning") as bar:
-        plan = plan_with_tree_sizes(
-            opened, max_memory=budgets, strategy=args.strategy, reserve=reserve or None
+        plan = plan_opened_model(
+            opened, max_memory=budgets, strategy=args.strategy, reserve=reserve
         )
         bar.update(1)
     if args.output:
-        from workbench.big_modeling.device_map import save_device_map
-
         save_device_map(args.output, plan.device_map)
     speed_profile = profile_for_budgets(budgets, base=profile)
     prediction = predict_speed(
@@ -139,74 +143,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"predicted  {prediction.summary()} on {speed_profile.name}")
     if code:
         print()
-        print(code)
+        print(code, end="")
     return 0
-
-
-def plan_with_tree_sizes(
-    opened: Any,
-    *,
-    max_memory: dict[int | str, int],
-    strategy: str,
-    reserve: dict[int | str, int] | None,
-) -> Any:
-    """``plan_device_map`` for ``opened`` with the sizes its tree reports
-    (``opened.module_sizes()``: checkpoint headers when there are weights), so the plan's
-    totals and the tree agree even for a checkpoint mixing dtypes."""
-
-    from workbench.big_modeling.planner import plan_device_map
-
-    return plan_device_map(
-        opened.model,
-        max_memory=max_memory,
-        strategy=strategy,
-        no_split_module_classes=opened.no_split_modules,
-        dtype=_planner_dtype(opened),
-        reserve=reserve,
-        # A what-if config has no stored sizes: the planner's lazy index is faster there.
-        module_sizes=opened.module_sizes() if opened.has_weights else None,
-    )
-
-
-def _planning_dtype(opened: Any) -> Any:
-    """The dtype weights are planned in: ``--dtype``, else the checkpoint's one floating dtype,
-    else the declared one."""
-    if opened.planning_dtype is not None:
-        return opened.planning_dtype
-    if opened.checkpoint is None:
-        return opened.declared_dtype
-    stored = list(opened.checkpoint.dtype_nbytes())
-    floating = [dtype for dtype in stored if dtype.is_floating_point]
-    return floating[0] if len(floating) == 1 else None
-
-
-def _planner_dtype(opened: Any) -> Any:
-    """The ``dtype=`` for the planner: ``None`` when the meta model already has the stored
-    dtype, so buffers keep their own size, as the tree counts them."""
-    dtype = _planning_dtype(opened)
-    if opened.planning_dtype is None:
-        param = next(opened.model.parameters(), None)
-        if param is not None and param.dtype == dtype:
-            return None
-    return dtype
 
 
 def _reserve(
     items: list[str], opened: Any, budgets: dict[int | str, int], prompt_tokens: int
 ) -> dict[int | str, int]:
-    from workbench.big_modeling.errors import BadInputError
+    """``--reserve``: DEVICE=SIZE items, or ``auto``: a batch-1 prefill of ``prompt_tokens`` on
+    each GPU (the CPU without GPUs), in the weights' dtype."""
+    from workbench.runtime.planning import activation_reserve  # noqa: PLC0415 (torch: not at CLI start)
 
     if items == ["auto"]:
-        try:
-            from workbench.big_modeling.reserve import estimate_activation_reserve
-        except ImportError as exc:  # the estimator ships with the engine
-            raise BadInputError(
-                "--reserve auto is not available in this build; give DEVICE=SIZE"
-            ) from exc
-        dtype = _planning_dtype(opened)
-        nbytes = estimate_activation_reserve(opened.config, 1, prompt_tokens, dtype)
+        nbytes = activation_reserve(opened, 1, prompt_tokens)
         gpus = [device for device in budgets if isinstance(device, int)]
-        return {device: int(nbytes) for device in gpus or ["cpu"]}
+        return {device: nbytes for device in gpus or ["cpu"]}
     return parse_device_sizes(items, "--reserve")
 
 
@@ -218,13 +169,17 @@ def plan_lines(
     strategy: str,
 ) -> list[str]:
     """Per-device totals: used / budget, the modules placed, reserve."""
-    from workbench.big_modeling.devices import device_label, device_sort_key
-    from workbench.big_modeling.sizes import format_nbytes
-    from workbench.models.dtypes import dtype_name
+    from workbench.runtime import (  # noqa: PLC0415 (torch: not at CLI start)
+        device_label,
+        device_sort_key,
+        dtype_name,
+        format_nbytes,
+    )
+    from workbench.runtime.planning import planning_dtype  # noqa: PLC0415 (torch: not at CLI start)
 
     total = sum(plan.per_device_bytes.values())
     lines = [
-        f"plan       {opened.label}: {format_nbytes(total)} ({dtype_name(_planning_dtype(opened))}), "
+        f"plan       {opened.label}: {format_nbytes(total)} ({dtype_name(planning_dtype(opened))}), "
         f"strategy {strategy}, {len(plan.device_map)} map entries"
     ]
     by_device: dict[int | str, list[str]] = {}
@@ -245,78 +200,34 @@ def plan_lines(
 
 def compress_names(names: list[str], limit: int = 6) -> str:
     """``["model.layers.0", "model.layers.1", "lm_head"]`` -> ``"model.layers.0-1, lm_head"``."""
-    runs: list[list[Any]] = []  # [prefix, first, last] or [name]
-    for name in names:
-        match = re.fullmatch(r"(.*\.)(\d+)", name)
-        if (
-            match
-            and runs
-            and len(runs[-1]) == 3
-            and runs[-1][0] == match.group(1)
-            and runs[-1][2] + 1 == int(match.group(2))
-        ):
-            runs[-1][2] = int(match.group(2))
-        elif match:
-            runs.append([match.group(1), int(match.group(2)), int(match.group(2))])
-        else:
-            runs.append([name])
-    parts = [
-        run[0]
-        if len(run) == 1
-        else f"{run[0]}{run[1]}" + (f"-{run[2]}" if run[2] != run[1] else "")
-        for run in runs
-    ]
+    from workbench.runtime.map_edits import compact_names  # noqa: PLC0415 (torch: not at CLI start)
+
+    parts = compact_names(names)
     if len(parts) > limit:
         parts = [*parts[:limit], f"... ({len(parts) - limit} more)"]
     return ", ".join(parts)
 
 
-def format_budget(nbytes: int) -> str | int:
-    """A budget ``from_pretrained(max_memory=...)`` parses back to the same bytes: ``"24GiB"``,
-    ``"2000GB"``, else the int. accelerate reads only GiB/MiB/KiB/GB/MB/KB (no TiB/TB) and
-    rejects a bare digit string."""
-    units = (("GiB", 2**30), ("GB", 10**9), ("MiB", 2**20), ("MB", 10**6))
-    for unit, factor in units:
-        if nbytes >= factor and nbytes % factor == 0:
-            return f"{nbytes // factor}{unit}"
-    return int(nbytes)
-
-
 def emit_code(
     opened: Any, device_map: dict[str, Any], budgets: dict[int | str, int], *, source: str
 ) -> str:
-    """The ``from_pretrained`` call that loads the model with this map and these budgets."""
-    from workbench.models.catalog import hub_repo_id
-    from workbench.models.dtypes import dtype_name
-    from workbench.models.hf_cache import HF_CACHE_PREFIX
-
-    if opened.folder is not None and not source.startswith(HF_CACHE_PREFIX):
-        location = repr(os.fspath(opened.folder))
-    else:  # a bare config.json without a Hub id: point at its weights
-        location = repr(hub_repo_id(source) or "path/to/checkpoint")
-    map_lines = "\n".join(f"    {name!r}: {device!r}," for name, device in device_map.items())
-    memory = ", ".join(
-        f"{device!r}: {format_budget(nbytes)!r}" for device, nbytes in budgets.items()
+    """The ``from_pretrained`` call that loads the model with this map and these budgets
+    (the runtime's writer, as the GUI's "Copy as code")."""
+    from workbench.runtime.map_code import (  # noqa: PLC0415 (torch: not at CLI start)
+        checkpoint_location,
+        from_pretrained_code,
     )
-    dtype = _planning_dtype(opened)
-    lines = [
-        "import torch",
-        f"from transformers import {opened.model_class}",
-        "",
-        "device_map = {",
-        map_lines,
-        "}",
-        f"model = {opened.model_class}.from_pretrained(",
-        f"    {location},",
-        "    device_map=device_map,",
-        f"    max_memory={{{memory}}},",
-    ]
-    if "disk" in device_map.values():
-        lines.append('    offload_folder="offload",')
-    if dtype is not None:
-        lines.append(f"    dtype=torch.{dtype_name(dtype)},")
-    lines.append(")")
-    return "\n".join(lines)
+    from workbench.runtime.planning import planning_dtype  # noqa: PLC0415 (torch: not at CLI start)
+
+    location, placeholder = checkpoint_location(source, opened.folder)
+    return from_pretrained_code(
+        model_class=opened.model_class,
+        location=location,
+        placeholder=placeholder,
+        device_map=device_map,
+        max_memory=budgets,
+        dtype=planning_dtype(opened),
+    )
 
 
 def _plan_document(
@@ -329,13 +240,14 @@ def _plan_document(
     profile: Any,
     code: str | None,
 ) -> dict[str, Any]:
-    from workbench.models.dtypes import dtype_name
+    from workbench.runtime import dtype_name  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.planning import planning_dtype  # noqa: PLC0415 (torch: not at CLI start)
 
     return {
         "source": args.source,
         "model_class": opened.model_class,
         "strategy": args.strategy,
-        "dtype": dtype_name(_planning_dtype(opened)),
+        "dtype": dtype_name(planning_dtype(opened)),
         "budgets": {str(device): nbytes for device, nbytes in budgets.items()},
         "reserve": {str(device): nbytes for device, nbytes in reserve.items()},
         "device_map": plan.device_map,

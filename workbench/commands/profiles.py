@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.models.hardware import list_profiles, load_profile, user_profiles_dir
+    from workbench.models.hardware import list_profiles, load_profile, user_profiles_dir  # noqa: PLC0415 (torch: not at CLI start)
 
     profiles = [load_profile(args.name)] if args.name else list_profiles(include_detected=True)
     if args.json:
@@ -47,8 +47,7 @@ def _profile_data(profile: Any) -> dict[str, Any]:
 
 def profile_lines(profile: Any, *, detailed: bool = False) -> list[str]:
     """A profile as text: a title line and, per device, memory and speeds."""
-    from workbench.big_modeling.devices import device_label
-    from workbench.big_modeling.sizes import format_nbytes
+    from workbench.runtime import device_label, format_nbytes  # noqa: PLC0415 (torch: not at CLI start)
 
     lines = [f"{profile.name:<22} {profile.description}"]
     for spec in profile.devices:

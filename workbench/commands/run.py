@@ -23,23 +23,32 @@ import json
 import logging
 import math
 import queue
+import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from workbench.big_modeling.errors import BadInputError
+from tqdm import tqdm
+
 from workbench.commands.run_pipeline import add_pipeline_arguments, run_pipeline_command
+from workbench.runtime import BadInputError, CancelToken
+from workbench.runtime.jobs import JobRunner
+from workbench.runtime.offload_folders import new_offload_folder
 from workbench.runtime.protocol import (
     Event,
     Failed,
+    Infer,
     InferenceResult,
+    Load,
     LoadSummary,
     Log,
     Progress,
     Result,
     Sampling,
     TokenStreamed,
+    Verify,
     VerifyResult,
+    WorkerExited,
 )
 from workbench.wording import plural, with_article
 
@@ -109,7 +118,7 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
         BadInputError: for sampling options given without ``--temperature`` (they would do
             nothing), or bad values (``check_sampling`` names each).
     """
-    from workbench.runtime.sampling import check_sampling
+    from workbench.runtime.sampling import check_sampling  # noqa: PLC0415 (torch: not at CLI start)
 
     temperature = args.temperature
     sampled = temperature is not None and temperature > 0
@@ -141,7 +150,7 @@ def sampling_from_args(args: argparse.Namespace) -> Sampling:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.big_modeling.device_map import load_device_map, read_device_map
+    from workbench.runtime import load_device_map, read_device_map  # noqa: PLC0415 (torch: not at CLI start)
 
     if args.max_new_tokens < 0:
         raise BadInputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
@@ -274,24 +283,17 @@ class _InProcess(_Runner):
     """Runs the jobs on this thread."""
 
     def __init__(self, printer: _Printer) -> None:
-        from workbench.runtime.jobs import JobRunner
-        from workbench.runtime.offload_folders import new_offload_folder
-
         self._runner = JobRunner(printer.event)
         self._folder = new_offload_folder(None)
         self._next = 0
 
     def _run(self, request_type: Callable[..., Any], **fields: Any) -> Any:
-        from workbench.big_modeling.progress import CancelToken
-
         self._next += 1
         return _final_value(self._runner.run(request_type(self._next, **fields), CancelToken()))
 
     def load(
         self, source: str, device_map: dict, dtype: str | None, options: dict | None = None
     ) -> LoadSummary:
-        from workbench.runtime.protocol import Load
-
         return self._run(
             Load,
             source=source,
@@ -309,8 +311,6 @@ class _InProcess(_Runner):
         messages: Messages = (),
         sampling: Sampling | None = None,
     ) -> InferenceResult:
-        from workbench.runtime.protocol import Infer
-
         return self._run(
             Infer,
             prompt=prompt,
@@ -321,13 +321,9 @@ class _InProcess(_Runner):
         )
 
     def verify(self, prompt: str | None, mode: str) -> VerifyResult:
-        from workbench.runtime.protocol import Verify
-
         return self._run(Verify, prompt=prompt, mode=mode, greedy_tokens=VERIFY_GREEDY_TOKENS)
 
     def close(self) -> None:
-        import shutil
-
         self._runner.close()
         shutil.rmtree(self._folder, ignore_errors=True)
 
@@ -336,15 +332,13 @@ class _ThroughWorker(_Runner):
     """Runs the jobs in a worker process; events are printed on this (the main) thread."""
 
     def __init__(self, printer: _Printer) -> None:
-        from workbench.runtime.worker import WorkerHost
+        from workbench.runtime.worker import WorkerHost  # noqa: PLC0415 (torch: not at CLI start)
 
         self._printer = printer
         self._events: queue.Queue[Event] = queue.Queue()
         self.host = WorkerHost(self._events.put)
 
     def _wait(self, request_id: int) -> Any:
-        from workbench.runtime.protocol import WorkerExited
-
         try:
             while True:
                 event = self._events.get()
@@ -412,8 +406,6 @@ class _Printer:
 
     def _progress(self, event: Progress) -> None:
         if self._bar is None:
-            from tqdm import tqdm
-
             self._bar = tqdm(
                 total=event.bytes_total,
                 unit="B",
@@ -472,7 +464,7 @@ class _Printer:
             print("prompt: built with the model's chat template")
         elif result.prompt_text and result.prompt_text.endswith("Assistant:"):
             print("prompt: plain 'Role: text' lines (the model has no chat template)")
-        from workbench.runtime.sampling import describe_sampling
+        from workbench.runtime.sampling import describe_sampling  # noqa: PLC0415 (torch: not at CLI start)
 
         print(f"sampling: {describe_sampling(result.sampling)}")
         predicted = result.predicted
@@ -491,7 +483,7 @@ class _Printer:
                 f"predicted for {where}: {predicted['tokens_per_s']:.2f} tokens/s, "
                 f"time to first token {predicted['ttft_s'] * 1000:.1f} ms"
             )
-        from workbench.runtime.telemetry import group_layers
+        from workbench.runtime.telemetry import group_layers  # noqa: PLC0415 (numpy: not at CLI start)
 
         units = [key for key in self.device_map if key]
         moved = [layer for layer in group_layers(result.per_layer, units) if layer.nbytes]

@@ -13,7 +13,7 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from workbench.big_modeling.errors import BadInputError
+from workbench.runtime import BadInputError
 
 PROMPT_TOKENS = 8  # seeded random ids when there is no prompt (or no tokenizer)
 
@@ -37,9 +37,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
     """Run ``args.source`` split into ``args.pipeline_stages`` stages; print what each measured."""
-    from workbench.models.intake import open_model
-    from workbench.runtime.model_inputs import prepare_input_ids
-    from workbench.runtime.pipeline_run import planned_stages, run_pipeline
+    from workbench.models.intake import open_model  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.model_inputs import prepare_input_ids  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.pipeline_run import planned_stages, run_pipeline  # noqa: PLC0415 (torch: not at CLI start)
 
     if args.pipeline_stages < 1:
         raise BadInputError(f"--pipeline-stages must be at least 1, got {args.pipeline_stages}")
@@ -97,6 +97,6 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 def _tokenizer(opened: Any) -> Any:
     if opened.tokenizer_dir is None:
         return None
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (transformers: not at CLI start)
 
     return AutoTokenizer.from_pretrained(opened.tokenizer_dir)

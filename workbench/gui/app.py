@@ -5,18 +5,22 @@ from __future__ import annotations
 import logging
 import sys
 
+from PySide6.QtCore import QSettings
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
+
 from workbench import APP_ID, APP_NAME, __version__
+from workbench.gui import settings as app_settings
+from workbench.gui.demo_startup import start_demo
+from workbench.gui.main_window import MainWindow
+from workbench.gui.settings import ORGANIZATION
+from workbench.models.warmup import start_warm_up, wait_for_warm_up
+from workbench.platform_integration import set_windows_app_user_model_id
+from workbench.resources import resources_root
 
 
 def configure_application(app: object) -> None:
     """Set the identity (name, desktop file, icon), settings format and style sheet."""
-    from PySide6.QtCore import QSettings
-    from PySide6.QtGui import QIcon
-    from PySide6.QtWidgets import QApplication
-
-    from workbench.gui.settings import ORGANIZATION
-    from workbench.resources import resources_root
-
     assert isinstance(app, QApplication)
     app.setApplicationName(APP_NAME)
     app.setApplicationVersion(__version__)
@@ -46,14 +50,7 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
         demo: open the demo model; it is made (first use only, then cached) on a worker
             thread while the window stays responsive (``workbench.gui.demo_startup``).
     """
-    from PySide6.QtWidgets import QApplication
-
-    from workbench.gui import settings as app_settings
-    from workbench.platform_integration import set_windows_app_user_model_id
-
     set_windows_app_user_model_id()  # before the QApplication, so the taskbar groups our windows
-    from workbench.gui.main_window import MainWindow
-
     app = QApplication.instance() or QApplication(sys.argv)
     configure_application(app)
     workbench_logger = logging.getLogger("workbench")
@@ -65,13 +62,9 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
     if pending is not None:  # before anything opens, so nothing autosaves over it
         window.offer_restore(pending)
     if demo:
-        from workbench.gui.demo_startup import start_demo
-
         start_demo(window)
     elif open_source:
         window.open_path(open_source)
-    from workbench.models.warmup import start_warm_up, wait_for_warm_up
-
     if not demo and not open_source:
         start_warm_up()  # transformers imports while the user picks a model
     code = app.exec()

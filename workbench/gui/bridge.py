@@ -49,6 +49,7 @@ from workbench.runtime.protocol import (
     WorkerExited,
     WorkerReady,
 )
+from workbench.runtime.worker import WorkerHost, WorkerStateError
 
 logger = logging.getLogger(__name__)
 worker_logger = logging.getLogger("workbench.worker")  # the worker's records, as the host sees them
@@ -124,8 +125,6 @@ class WorkerBridge(QObject):
         self.events_received = 0
         self.profile_provider: Callable[[], Any] | None = None
         if host_factory is None:
-            from workbench.runtime.worker import WorkerHost
-
             host_factory = WorkerHost
         self.host = host_factory(self._on_host_event, **host_options)
         self._signals: dict[type, Signal] = {
@@ -200,8 +199,6 @@ class WorkerBridge(QObject):
             WorkerStateError: while a job runs.
         """
         if self.state in ("loading", "running"):
-            from workbench.runtime.worker import WorkerStateError
-
             raise WorkerStateError("cannot unload while a job runs; cancel it first")
         if self._unload_thread is not None and self._unload_thread.is_alive():
             return
@@ -226,7 +223,7 @@ class WorkerBridge(QObject):
             return
         self._niced_pid = pid
         try:
-            import psutil
+            import psutil  # noqa: PLC0415 (psutil: slow import, only to renice the worker)
 
             process = psutil.Process(pid)
             process.nice(max(process.nice(), psutil.Process().nice() + self.worker_nice))

@@ -13,7 +13,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.gui.formatting import format_nbytes
+from workbench.models.hf_cache import list_cached_models
+from workbench.runtime.formatting import format_nbytes
 
 
 class CacheBrowser(QDialog):
@@ -41,8 +42,6 @@ class CacheBrowser(QDialog):
         self._fill(cache_dir)
 
     def _fill(self, cache_dir: str | None) -> None:
-        from workbench.models.hf_cache import list_cached_models
-
         try:
             models = list_cached_models(cache_dir)
         except Exception as exc:  # a broken cache must not take the window down

@@ -36,6 +36,11 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.gui.colors import device_color
+from workbench.models.catalog import hub_repo_id
+from workbench.models.cluster import list_clusters
+from workbench.runtime.cluster_layout import ModelLayout
+from workbench.runtime.cluster_plan import plan_cluster
+from workbench.runtime.engine_export import export_launch_scripts
 from workbench.wording import plural
 
 logger = logging.getLogger(__name__)
@@ -141,9 +146,6 @@ class ClusterPlanDialog(QDialog):
 
     def __init__(self, opened: Any, parent: QWidget | None = None, *, model_ref: str | None = None):
         super().__init__(parent)
-        from workbench.models.cluster import list_clusters
-        from workbench.runtime.cluster_layout import ModelLayout
-
         self.setWindowTitle(f"Cluster plan — {opened.label}")
         self.layout_model = ModelLayout.from_opened(opened)
         self.model_ref = model_ref or opened.label
@@ -225,8 +227,6 @@ class ClusterPlanDialog(QDialog):
 
     def replan(self) -> None:
         """Plan with the current settings and show the best candidate."""
-        from workbench.runtime.cluster_plan import plan_cluster
-
         cluster = self.clusters[self.cluster_combo.currentText()]
         try:
             self.plan = plan_cluster(
@@ -280,8 +280,6 @@ class ClusterPlanDialog(QDialog):
 
     def export_scripts(self, folder: str | Path | None = None) -> list[Path]:
         """Write the selected candidate's launch scripts into ``folder`` (asks when ``None``)."""
-        from workbench.runtime.engine_export import export_launch_scripts
-
         candidate = self.selected_candidate()
         if self.plan is None or candidate is None:
             return []
@@ -312,8 +310,6 @@ class ClusterPlanDialog(QDialog):
 
 def show_cluster_plan(window: Any) -> ClusterPlanDialog | None:
     """Open the cluster view on the window's model (a status message when none is open)."""
-    from workbench.models.catalog import hub_repo_id
-
     opened = window.session.opened
     if opened is None:
         window.statusBar().showMessage("Open a model first to plan it across a cluster", 5000)

@@ -1,4 +1,5 @@
-"""One colour per device, the same everywhere: tree chips, lanes, plot lines.
+"""The app's one palette: one colour per device, the same everywhere (tree chips, lanes, plot
+lines, cluster stages), and the few status colours (over budget, reserve, pass/fail, warnings).
 
 Colours are picked to stay readable on light and dark palettes (mid-saturation hues). GPUs
 cycle through a fixed list by index, so ``cuda:0`` is always the same blue in every widget and
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from PySide6.QtGui import QColor
 
-from workbench.big_modeling.devices import normalize_device
+from workbench.runtime import normalize_device
 
 _GPU_HEXES = (
     "#3b82f6",  # blue
@@ -32,17 +33,23 @@ _NAMED_HEXES = {
     "mps": "#0ea5e9",  # sky
     "meta": "#a1a1aa",  # zinc
 }
+_PSEUDO_HEXES = {
+    "system": "#a1a1aa",  # the system's own figures (available memory) in the plots
+}
 _UNKNOWN_HEX = "#a1a1aa"
 OVER_BUDGET_HEX = "#dc2626"  # red: over-budget lanes, invalid maps
 RESERVE_HEX = "#fbbf24"  # the reserved share of a lane's capacity bar
 MIXED_HEX = "#9ca3af"  # a module whose subtree is split over several devices
+PASS_HEX = "#15803d"  # a verify that passed
+FAIL_HEX = "#b91c1c"  # a verify that failed
+WARNING_HEX = "#b45309"  # stale results, warnings next to a control
 
 
 def device_color(device: int | str | object) -> QColor:
     """Return the colour of ``device`` (any device value: ``0``, ``"cuda:1"``, ``"cpu"``, ...).
 
     Args:
-        device: a device value as accepted by ``normalize_device``.
+        device: a device value as accepted by ``normalize_device``, or ``"system"``.
 
     Returns:
         A new ``QColor``; unknown or invalid devices get a neutral grey.
@@ -51,6 +58,9 @@ def device_color(device: int | str | object) -> QColor:
         >>> device_color("cuda:0") == device_color(0)  # doctest: +SKIP
         True
     """
+    pseudo = _PSEUDO_HEXES.get(device) if isinstance(device, str) else None
+    if pseudo is not None:
+        return QColor(pseudo)
     try:
         canonical = normalize_device(device)  # type: ignore[arg-type]
     except ValueError:
@@ -79,3 +89,13 @@ def reserve_color() -> QColor:
 def mixed_color() -> QColor:
     """Return the colour of a module whose subtree spans several devices."""
     return QColor(MIXED_HEX)
+
+
+def pass_color(passed: bool) -> QColor:
+    """Return the colour of a verify result: green when it passed, red when it failed."""
+    return QColor(PASS_HEX if passed else FAIL_HEX)
+
+
+def warning_color() -> QColor:
+    """Return the colour of warnings and stale-result labels."""
+    return QColor(WARNING_HEX)

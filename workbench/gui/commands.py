@@ -16,7 +16,7 @@ from typing import Any
 
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
-from workbench.gui.map_edit import MoveResult, move_modules
+from workbench.runtime.map_edits import MoveResult, move_modules
 
 
 def _copy_map(device_map: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ cancels a conversion, which leaves nothing behind.
 Environment:
     WORKBENCH_DEMO_PARAMS: open the random-weight demo of this size (``2M``, ``60M``) instead
         of the real model.
-    WORKBENCH_CACHE_DIR: where demos are cached (see ``workbench.models.demo_cache_root``).
+    WORKBENCH_CACHE_DIR: where demos are cached (see ``workbench.models.cache_dirs.workbench_cache_dir``).
 
 Example:
     >>> start_demo(window)  # doctest: +SKIP
@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
-from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
+from workbench.gui.window_context import StatusContext
 from workbench.gui.workers import TaskThread
 from workbench.runtime.gguf_convert import CancelToken
 
 if TYPE_CHECKING:
-    from workbench.big_modeling.shards import ShardCallback, ShardProgress
+    from workbench.runtime import ShardCallback, ShardProgress
     from workbench.runtime.gguf_convert import ConvertProgress
 
 logger = logging.getLogger(__name__)
@@ -70,10 +71,10 @@ def make_demo_folder(
     ``progress`` and ``shard_progress`` are called (on the worker thread) while a random demo
     is made (see ``workbench.models.make_demo``), ``convert_progress`` while the real one is
     converted; ``cancel`` stops a conversion."""
-    from workbench.models import demo_model_dir
+    from workbench.models import demo_model_dir  # noqa: PLC0415 (torch, on the worker thread)
 
     if params is None and not wants_random_demo():
-        from workbench.models.demo import real_demo_folder
+        from workbench.models.demo import real_demo_folder  # noqa: PLC0415 (torch, as above)
 
         return real_demo_folder(progress=convert_progress, cancel=cancel)
     return demo_model_dir(
@@ -91,8 +92,8 @@ class DemoProgress(QObject):
     shard_written = Signal(object)  # ShardProgress
     conversion_reported = Signal(object)  # ConvertProgress
 
-    def __init__(self, window: QMainWindow) -> None:
-        super().__init__(window)
+    def __init__(self, window: StatusContext) -> None:
+        super().__init__(window)  # type: ignore[arg-type]  # the context is the window
         self._window = window
         self.stage_started.connect(self._on_maker_stage_started)
         self.shard_written.connect(self._on_maker_shard_written)
@@ -124,7 +125,7 @@ class DemoProgress(QObject):
         )
 
 
-def start_demo(window: QMainWindow, make: Callable[..., Path] = make_demo_folder) -> TaskThread:
+def start_demo(window: StatusContext, make: Callable[..., Path] = make_demo_folder) -> TaskThread:
     """Make (or find) the demo on a worker thread, then open it in ``window``.
 
     Args:
@@ -142,7 +143,7 @@ def start_demo(window: QMainWindow, make: Callable[..., Path] = make_demo_folder
     token = CancelToken()
     thread = TaskThread(
         make,
-        parent=window,
+        parent=window,  # type: ignore[arg-type]  # the context is the window
         progress=reports.stage_started.emit,
         shard_progress=reports.shard_written.emit,
         convert_progress=reports.conversion_reported.emit,
@@ -162,14 +163,14 @@ def start_demo(window: QMainWindow, make: Callable[..., Path] = make_demo_folder
     return thread
 
 
-def _done_making(window: QMainWindow, reports: DemoProgress) -> None:
+def _done_making(window: StatusContext, reports: DemoProgress) -> None:
     window.busy_bar.setVisible(False)
     window.busy_bar.setRange(0, 0)  # back to a plain busy indicator for the next task
     window.busy_bar.resetFormat()
     reports.deleteLater()
 
 
-def _open_demo(window: QMainWindow, folder: Path, reports: DemoProgress) -> None:
+def _open_demo(window: StatusContext, folder: Path, reports: DemoProgress) -> None:
     _done_making(window, reports)
     if not window.isVisible():
         return  # closed while the demo was being made
@@ -177,7 +178,7 @@ def _open_demo(window: QMainWindow, folder: Path, reports: DemoProgress) -> None
     window.open_source(str(folder))
 
 
-def _report_failure(window: QMainWindow, exc: BaseException, reports: DemoProgress) -> None:
+def _report_failure(window: StatusContext, exc: BaseException, reports: DemoProgress) -> None:
     _done_making(window, reports)
     window.statusBar().showMessage("Could not make the demo model", 5000)
     logger.error("could not make the demo model: %s", exc)
@@ -186,7 +187,7 @@ def _report_failure(window: QMainWindow, exc: BaseException, reports: DemoProgre
         "Could not make the demo model",
         str(exc),
         QMessageBox.StandardButton.Ok,
-        window,
+        window if isinstance(window, QWidget) else None,
     )
     box.setObjectName("demoErrorDialog")
     box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)

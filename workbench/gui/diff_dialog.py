@@ -3,6 +3,8 @@
 The other map comes from a file or from an earlier state of the undo history (the row
 selected in the History dock; the opened state by default).
 
+The comparison is the runtime's (``workbench.runtime.map_edits.diff_maps``).
+
 Example:
     >>> diff = diff_maps(tree, before_map, after_map)  # doctest: +SKIP
     >>> diff.moved[:1]
@@ -11,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSize, Qt
@@ -29,55 +30,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.big_modeling.devices import device_label, device_sort_key
-from workbench.big_modeling.errors import BadInputError
 from workbench.gui.colors import over_budget_color
 from workbench.gui.commands import SetDeviceMapCommand
-from workbench.gui.formatting import format_nbytes, format_rate, format_seconds
-from workbench.gui.map_edit import MIXED, MapIndex, compact_names
+from workbench.gui.map_io import read_map_file
+from workbench.models.speed import predict_speed
+from workbench.runtime import BadInputError, device_label, device_sort_key
+from workbench.runtime.formatting import format_nbytes, format_rate, format_seconds
+from workbench.runtime.map_edits import diff_maps, key_problems
 
 if TYPE_CHECKING:
-    from workbench.gui.main_window import MainWindow
+    from workbench.gui.window_context import WindowContext
     from workbench.models.tree import ModuleTree
-
-
-@dataclass(frozen=True)
-class MapDiff:
-    """What differs between two maps over one tree.
-
-    Attributes:
-        moved: ``(name, device before, device after)`` for every map key whose device changed
-            (``None`` = uncovered), in model order.
-        bytes_before: planning bytes per device under the first map.
-        bytes_after: the same under the second.
-    """
-
-    moved: list[tuple[str, Any, Any]]
-    bytes_before: dict[Any, int]
-    bytes_after: dict[Any, int]
-
-
-def _resolve(index: MapIndex, name: str) -> Any:
-    node = index.tree.get(name)
-    if node is not None:
-        return index.device_of(node)
-    if name in index.device_map:
-        return index.device_map[name]
-    owner_name = index.tree.tensor_owner.get(name)
-    owner = index.tree.get(owner_name) if owner_name is not None else None
-    return index.device_of(owner) if owner is not None else None  # an unknown name: nowhere
-
-
-def diff_maps(tree: ModuleTree, before: dict[str, Any], after: dict[str, Any]) -> MapDiff:
-    """Compare ``before`` and ``after`` key by key (both maps' keys), resolving prefixes."""
-    first, second = MapIndex(tree, before), MapIndex(tree, after)
-    names = sorted(set(first.device_map) | set(second.device_map), key=first.order_key)
-    moved = []
-    for name in names:
-        old, new = _resolve(first, name), _resolve(second, name)
-        if old != new and MIXED not in (old, new):
-            moved.append((name, old, new))
-    return MapDiff(moved, first.per_device_bytes(), second.per_device_bytes())
 
 
 def map_at_index(stack: QUndoStack, current_map: dict[str, Any], index: int) -> dict[str, Any]:
@@ -109,7 +72,7 @@ class DiffDialog(QDialog):
     long messages wrap, so the dialog keeps a readable width whatever the maps hold.
     """
 
-    def __init__(self, window: MainWindow, other: dict[str, Any], other_label: str) -> None:
+    def __init__(self, window: WindowContext, other: dict[str, Any], other_label: str) -> None:
         super().__init__(window)
         self.setWindowTitle(f"Diff: {other_label} → current map")
         self.setWindowModality(Qt.WindowModality.WindowModal)
@@ -118,7 +81,7 @@ class DiffDialog(QDialog):
         assert tree is not None  # callers check that a model is open
         current = dict(window.session.device_map)
         self.diff = diff_maps(tree, other, current)
-        self.problems = map_problems(tree, other, other_label) + map_problems(
+        self.problems = key_problems(tree, other, other_label) + key_problems(
             tree, current, "the current map"
         )
         column_label = _elide(other_label, 32)
@@ -186,12 +149,10 @@ class DiffDialog(QDialog):
         return table
 
     @staticmethod
-    def _speed_text(window: MainWindow, before: dict[str, Any], after: dict[str, Any]) -> str:
+    def _speed_text(window: WindowContext, before: dict[str, Any], after: dict[str, Any]) -> str:
         profile = window.hardware_profile()
         if profile is None:
             return "Predicted speed: no hardware profile"
-        from workbench.models.speed import predict_speed
-
         parts = []
         for label, device_map in (("before", before), ("after", after)):
             try:
@@ -206,29 +167,6 @@ class DiffDialog(QDialog):
 
 
 MESSAGE_CHARS = 300  # past this a message is cut; the full text goes to the tooltip
-NAMES_SHOWN = 12
-
-
-def map_problems(tree: ModuleTree, device_map: dict[str, Any], label: str) -> list[str]:
-    """Return what is wrong with ``device_map`` over ``tree``: keys naming nothing in the model,
-    and modules no key covers, each naming the first few (``"… and 690 more"``)."""
-    index = MapIndex(tree, device_map)
-    problems = []
-    unknown = index.unknown_names()
-    if unknown:
-        problems.append(
-            f"{label} names {len(unknown)} module(s) not in the model: {_some(unknown)}"
-        )
-    uncovered = compact_names(index.uncovered(limit=len(tree) + len(tree.leaf_tensors)))
-    if uncovered:
-        problems.append(f"{label} gives no device to {_some(uncovered)}")
-    return problems
-
-
-def _some(names: list[str]) -> str:
-    shown = ", ".join(names[:NAMES_SHOWN])
-    rest = len(names) - NAMES_SHOWN
-    return f"{shown} … and {rest} more" if rest > 0 else shown
 
 
 def _shorten(text: str, limit: int = MESSAGE_CHARS) -> str:
@@ -266,7 +204,7 @@ def _label(device: Any, known: bool = True) -> str:
     return device_label(device)
 
 
-def show_diff(window: MainWindow, other: dict[str, Any], other_label: str) -> DiffDialog | None:
+def show_diff(window: WindowContext, other: dict[str, Any], other_label: str) -> DiffDialog | None:
     """Open the diff dialog (window-modal, replacing one still open); ``None`` without a model."""
     if window.session.tree is None:
         window.statusBar().showMessage("Open a model first", 3000)
@@ -279,7 +217,7 @@ def show_diff(window: MainWindow, other: dict[str, Any], other_label: str) -> Di
     return dialog
 
 
-def show_diff_against_file(window: MainWindow, path: str | None = None) -> DiffDialog | None:
+def show_diff_against_file(window: WindowContext, path: str | None = None) -> DiffDialog | None:
     """Diff the current map against a map file (asks for it when ``path`` is ``None``)."""
     if path is None:
         path, _ = QFileDialog.getOpenFileName(
@@ -287,17 +225,15 @@ def show_diff_against_file(window: MainWindow, path: str | None = None) -> DiffD
         )
         if not path:
             return None
-    from workbench.gui.map_io import read_map_file
-
     try:
         other = read_map_file(path)
     except (BadInputError, OSError) as exc:
-        window._show_error("Cannot read device map", str(exc))
+        window.show_error("Cannot read device map", str(exc))
         return None
     return show_diff(window, other, path.rsplit("/", 1)[-1])
 
 
-def show_diff_against_history(window: MainWindow, index: int | None = None) -> DiffDialog | None:
+def show_diff_against_history(window: WindowContext, index: int | None = None) -> DiffDialog | None:
     """Diff against undo state ``index`` (default: the History selection, else the opened state)."""
     if index is None:
         selected = window.undo_view.currentIndex()

@@ -5,7 +5,7 @@ per device (GiB). Neither edits the session: they emit signals the window turns 
 
 Example:
     >>> selector = HardwareSelector()  # doctest: +SKIP
-    >>> selector.profile_chosen.connect(window._on_hardware_profile_chosen)
+    >>> selector.profile_chosen.connect(window.set_hardware_profile)
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.big_modeling.devices import device_label
 from workbench.gui.colors import device_color
+from workbench.models.hardware import detect_hardware, list_profiles
+from workbench.runtime import device_label
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,6 @@ DETECTED = "detected"
 
 def available_profiles() -> list[Any]:
     """Return the detected hardware first, then every what-if profile (bundled and user)."""
-    from workbench.models.hardware import detect_hardware, list_profiles
-
     profiles: list[Any] = []
     try:
         profiles.append(detect_hardware())

@@ -12,13 +12,16 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QTableWidget, QTableWidgetItem
 
-from workbench.gui.formatting import format_bandwidth, format_nbytes, format_rate, format_seconds
-from workbench.gui.run_history import RunRecord
+from workbench.gui.colors import FAIL_HEX, PASS_HEX
+from workbench.runtime.formatting import (
+    format_bandwidth,
+    format_nbytes,
+    format_rate,
+    format_seconds,
+)
 from workbench.runtime.protocol import InferenceResult, LayerTiming, VerifyResult
+from workbench.runtime.run_records import RunRecord
 from workbench.wording import plural
-
-PASS_HEX = "#15803d"
-FAIL_HEX = "#b91c1c"
 
 LAYER_HEADERS = ("layer", "module", "from", "size", "transfer ms", "compute ms", "rate")
 LAYER_HEADER_TIPS = (

@@ -46,9 +46,8 @@ from PySide6.QtWidgets import (
 
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.chat_view import ChatView
-from workbench.gui.formatting import format_rate, format_seconds
+from workbench.gui.colors import FAIL_HEX
 from workbench.gui.inference_figures import (
-    FAIL_HEX,
     STOP_REASONS,
     figures_with_predictions,
     fill_layer_table,
@@ -60,8 +59,9 @@ from workbench.gui.inference_figures import (
     verify_summary,
 )
 from workbench.gui.plots import group_layer_timings
-from workbench.gui.run_history import RunHistoryWidget, RunRecord
+from workbench.gui.run_history import RunHistoryWidget
 from workbench.gui.sampling_controls import SamplingControls
+from workbench.runtime.formatting import format_rate, format_seconds
 from workbench.runtime.protocol import (
     Failed,
     InferenceResult,
@@ -71,6 +71,7 @@ from workbench.runtime.protocol import (
     TokenStreamed,
     VerifyResult,
 )
+from workbench.runtime.run_records import RunRecord
 from workbench.runtime.sampling import describe_sampling, sampling_dict
 from workbench.wording import plural
 

@@ -18,13 +18,13 @@ from PySide6.QtCore import QMimeData, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QDragEnterEvent, QDragMoveEvent, QDropEvent, QPainter, QPaintEvent
 from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.gui.colors import device_color, over_budget_color, reserve_color
-from workbench.gui.formatting import format_nbytes
-from workbench.gui.map_edit import MapIndex, MoveRefused, compact_names, move_modules
 from workbench.gui.tree_model import names_from_mime
 from workbench.models.tree import ModuleTree
+from workbench.runtime import device_label, device_sort_key
+from workbench.runtime.formatting import format_nbytes
 from workbench.runtime.load_check import LoadCheck
+from workbench.runtime.map_edits import MapIndex, MoveRefused, compact_names, move_modules
 
 MoveHandler = Callable[[list[str], int | str], str | None]  # returns an error message or None
 

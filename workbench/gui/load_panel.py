@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,10 +29,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.big_modeling.errors import OffloadError
 from workbench.gui.bridge import WorkerBridge
-from workbench.gui.formatting import format_nbytes
+from workbench.gui.colors import WARNING_HEX
 from workbench.gui.window_persistence import model_display_name
+from workbench.runtime import OffloadError
+from workbench.runtime.formatting import format_nbytes
 from workbench.runtime.load_check import LoadCheck, check_devices, check_load, check_map
 from workbench.runtime.model_context import LoadedModelRef
 from workbench.runtime.protocol import Failed, LoadSummary, Phase, Progress, Result, WorkerExited
@@ -70,7 +72,7 @@ class LoadProgressWidget(QWidget):
         self.cancel_button.setToolTip("Stop the load; the device map stays as it is")
         self.stale_label = QLabel("map changed since load", self)
         self.stale_label.setObjectName("staleLabel")
-        self.stale_label.setStyleSheet("color: #b45309; font-weight: bold;")
+        self.stale_label.setStyleSheet(f"color: {WARNING_HEX}; font-weight: bold;")
         self.reload_button = QPushButton("Reload", self)
         self.reload_button.setToolTip("Load again with the current device map")
         layout = QHBoxLayout(self)
@@ -161,7 +163,7 @@ class LoadController(QObject):
         error_presenter: ``(title, message, details) -> None``; the default opens a non-modal
             ``QMessageBox`` (kept in ``last_error_dialog``). Tests may replace it.
         errors: every ``(title, message, details)`` shown, oldest first.
-        load_options: extra ``Load.options`` sent with every load (tests use the hold hooks).
+        load_options: extra ``Load.options`` sent with every load (a load observer reads them).
         loaded_map: the map of the loaded model, or ``None``.
     """
 
@@ -477,6 +479,4 @@ def _describe_summary(summary: object) -> str:
 
 
 def _details(exc: BaseException) -> str:
-    import traceback
-
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -3,9 +3,12 @@
 The window observes one ``Session`` (the document) and changes it only through commands on
 ``undo_stack``. Opening a model runs ``open_model`` on a ``TaskThread`` with a busy indicator,
 so the window never freezes. The session is clean after an open and whenever the undo stack
-is back at its clean index; closing or replacing unsaved work asks Save / Discard / Cancel
-(``window_persistence``). GUI part 2 adds its panels through
-``workbench.gui.runtime_panels.install_runtime_panels(window)`` at the end of ``__init__``.
+is back at its clean index; closing or replacing unsaved work asks Save / Discard / Cancel.
+
+The window is composed, not extended: ``__init__`` builds every panel (the runtime panels
+included), the actions come from the registry in ``workbench.gui.actions``, and its parts
+(``hardware``: profile and speed, ``documents``: sessions, autosave and recovery,
+``runtime_panels``: load, plots, inference) receive what they need, never the window class.
 
 Example:
     >>> window = MainWindow()  # doctest: +SKIP
@@ -15,12 +18,12 @@ Example:
 from __future__ import annotations
 
 import gc
-import importlib.util
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QUndoStack
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QUndoStack
 from PySide6.QtWidgets import (
     QDockWidget,
     QLabel,
@@ -35,32 +38,53 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.big_modeling.devices import device_label, normalize_device
+from workbench.gui import map_io
 from workbench.gui import settings as app_settings
+from workbench.gui.actions import (
+    MAX_LANE_SHORTCUTS,
+    MENUS,
+    TOOLBAR,
+    ActionSet,
+    WindowState,
+    follow_command_text,
+    retint_action_icons,
+)
+from workbench.gui.bridge import WorkerBridge
+from workbench.gui.cluster_view import show_cluster_plan
 from workbench.gui.commands import push_move
-from workbench.gui.formatting import format_nbytes, format_param_count
+from workbench.gui.diff_dialog import show_diff_against_file, show_diff_against_history
 from workbench.gui.hardware_selector import BudgetEditor, HardwareSelector
 from workbench.gui.lanes import LanesWidget
 from workbench.gui.log_view import LogView
-from workbench.gui.map_edit import MoveRefused
+from workbench.gui.planner_panel import PlannerPanel
+from workbench.gui.runtime_panels import RuntimePanels
 from workbench.gui.tree_model import ModuleTreeModel
 from workbench.gui.tree_view import ModuleTreePanel
 from workbench.gui.window_actions import (
-    build_actions,
     dropped_paths,
+    fill_move_menu,
+    fill_whatif_menu,
     handle_dropped_path,
+    open_dialog,
+    open_folder_dialog,
     refresh_recent_menu,
-    retint_action_icons,
-    update_action_states,
+    show_cache_browser,
+    tree_context_menu,
 )
-from workbench.gui.window_hardware import WindowHardwareMixin
+from workbench.gui.window_context import MessageSink
+from workbench.gui.window_hardware import WindowHardware
 from workbench.gui.window_persistence import (
+    SessionDocuments,
     UnsavedChangesGuard,
-    WindowPersistenceMixin,
     model_display_name,
+    show_message,
 )
 from workbench.gui.workers import TaskThread
+from workbench.models import open_model
+from workbench.runtime import dtype_name, normalize_device
+from workbench.runtime.formatting import format_nbytes, format_param_count
 from workbench.runtime.load_check import LoadCheck, check_load
+from workbench.runtime.map_edits import MoveRefused
 from workbench.runtime.session import Session, SessionChange
 from workbench.wording import plural
 
@@ -73,13 +97,24 @@ class _SessionSignals(QObject):
     changed = Signal(object)
 
 
-class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
+class MainWindow(QMainWindow):
     """The workbench's main window.
 
     Args:
         session: the document to show; a new empty one by default.
         profiles: hardware profiles for the selector (default: detected + bundled + user).
         autosave: write the session to the autosave file after each change (debounced).
+        bridge: the runtime panels' worker bridge (default: a new one around a worker process).
+        warm_worker: start the worker in the background once a model is open (default: unless
+            ``$WORKBENCH_WARM_WORKER`` is ``0``).
+        show_error: shows an error ``(title, text)`` (default: a non-blocking message box).
+        show_info: shows a notice ``(title, text)`` (default: a non-blocking message box).
+
+    Attributes:
+        hardware: the profile, budgets and speed prediction (``WindowHardware``).
+        documents: opening, restoring and autosaving sessions (``SessionDocuments``).
+        runtime_panels: load & dispatch, the live plots, inference (``RuntimePanels``).
+        actions_by_name: every ``QAction`` of ``workbench.gui.actions.ACTIONS`` by id.
     """
 
     def __init__(
@@ -88,6 +123,10 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         *,
         profiles: list[Any] | None = None,
         autosave: bool = True,
+        bridge: WorkerBridge | None = None,
+        warm_worker: bool | None = None,
+        show_error: MessageSink | None = None,
+        show_info: MessageSink | None = None,
     ) -> None:
         super().__init__()
         self.setObjectName("mainWindow")
@@ -96,18 +135,10 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.session = session or Session()
         self.undo_stack = QUndoStack(self)
         self.open_thread: TaskThread | None = None
-        self.speed_thread: TaskThread | None = None
-        self.speed_prediction: Any = None
         self.load_check: LoadCheck | None = None  # the shared check of the current map
-        self._autosave_enabled = autosave
-        self._profile: Any = None
-        self._pending_map: dict[str, Any] | None = None
-        self.restore_bar: QWidget | None = None
-        self.save_prompt: Any = None  # the open "Save changes…?" box, if any
         self.unload_prompt: QMessageBox | None = None  # the open "Unload it?" box, if any
-        self._close_without_asking = False
-        self._show_error = self._show_error_box  # tests replace it to capture messages
-        self._show_info = self._show_info_box
+        self.show_error: MessageSink = show_error or self._show_error_box
+        self.show_info: MessageSink = show_info or self._show_info_box
 
         self.tree_model = ModuleTreeModel(self)
         self.tree_panel = ModuleTreePanel(self.tree_model, self)
@@ -118,6 +149,10 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.speed_label.setWordWrap(True)
         self.hardware_selector = HardwareSelector(self)
         self.budget_editor = BudgetEditor(self)
+        self.hardware = WindowHardware(
+            self, self.session, self.undo_stack, self.hardware_selector, self.speed_label
+        )
+        self.documents = SessionDocuments(self, self._place_restore_bar, autosave=autosave)
         self._build_central()
         self.bottom_tabs = QTabWidget(self)
         self.bottom_tabs.setObjectName("bottomTabs")
@@ -126,40 +161,45 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.undo_view = QUndoView(self.undo_stack, self)
         self.undo_view.setEmptyLabel("<opened>")
         self._build_docks()
-        self._build_status_bar()
-
-        from workbench.gui.planner_panel import PlannerPanel
-
         self.planner_panel = PlannerPanel(self)
         self.planner_dock.setWidget(_scrolling(self.planner_panel, self))  # fits small screens
-        self.actions_by_name = build_actions(self)  # menus, toolbar (main_toolbar), shortcuts
-        self.install_session_actions()  # File > Open session…
+        self.hardware.list_profiles(profiles)  # the runtime panels look the detected one up
+        self.runtime_panels = RuntimePanels(
+            self,
+            self.session,
+            self.hardware_profile,
+            known_profile=self.hardware_selector.profile,
+            bridge=bridge,
+            warm_on_open=warm_worker,
+        )
+        self._build_runtime_tabs()
+        self._build_status_bar()
+        self.action_set = self._build_actions()
+        self.actions_by_name = self.action_set.actions
+        self.main_toolbar = self.action_set.build_toolbar(
+            TOOLBAR, {"hardware_selector": self.hardware_selector}
+        )
 
         self._session_signals = _SessionSignals(self)
         self._session_signals.changed.connect(self._on_session_changed)
         self.undo_stack.cleanChanged.connect(self._on_undo_clean_changed)
         self.tree_view.selectionModel().selectionChanged.connect(
-            lambda *_: update_action_states(self)
+            lambda *_: self.refresh_actions()
         )
+        self.tree_view.customContextMenuRequested.connect(self._show_tree_context_menu)
         self._unsubscribe = self.session.subscribe(self._session_signals.changed.emit)
-        self._speed_timer = _single_shot(self, 150, self.update_speed_prediction)
-        self._autosave_timer = _single_shot(self, 1000, self.autosave_now)
         self.lanes.move_refused.connect(self._on_lanes_move_refused)
         self.lanes.drag_hint.connect(lambda text: self.statusBar().showMessage(text, 3000))
-        self.hardware_selector.profile_chosen.connect(self._on_hardware_profile_chosen)
-        self.budget_editor.budgets_edited.connect(self._on_budget_editor_edited)
+        self.budget_editor.budgets_edited.connect(self.edit_budgets)
         self.tree_panel.filter_error.connect(lambda text: self.statusBar().showMessage(text, 5000))
 
-        self._init_hardware(profiles)
+        self.hardware.choose_first_profile()
         self._restore_window_state()
         self.refresh()
-        if importlib.util.find_spec("workbench.gui.runtime_panels") is not None:
-            from workbench.gui.runtime_panels import install_runtime_panels
-
-            install_runtime_panels(self)
+        self.installEventFilter(self.runtime_panels)  # shuts the worker down on Close
         # Installed last, so it sees a Close before the other filters on the window (the
         # runtime panels shut the worker down on Close): Cancel leaves everything running.
-        self.installEventFilter(UnsavedChangesGuard(self))
+        self.installEventFilter(UnsavedChangesGuard(self.documents))
 
     # --- layout -------------------------------------------------------------------------
 
@@ -205,8 +245,65 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         dock.setWidget(widget)
         return dock
 
+    def _build_runtime_tabs(self) -> None:
+        panels, tabs = self.runtime_panels, self.bottom_tabs
+        tabs.insertTab(0, panels.memory_plot, "Memory")
+        tabs.insertTab(1, panels.transfer_plot, "Transfers")
+        tabs.insertTab(2, panels.inference_panel, "Inference")
+        tabs.setCurrentIndex(0)
+
+    def _build_actions(self) -> ActionSet:
+        """The registry's actions with this window's handlers, its menus and its toolbar."""
+        panels, stack = self.runtime_panels, self.undo_stack
+        undo = stack.createUndoAction(self, "&Undo")
+        redo = stack.createRedoAction(self, "&Redo")
+        handlers: dict[str, Callable[[], object]] = {
+            "open_config": lambda: open_dialog(self, self.open_replacing),
+            "open_folder": lambda: open_folder_dialog(self, self.open_replacing),
+            "hf_cache": lambda: show_cache_browser(self, self.open_replacing),
+            "open_session": self.documents.open_session_dialog,
+            "import_map": lambda: map_io.import_dialog(self),
+            "export_map": lambda: map_io.export_dialog(self),
+            "export_wrapped": lambda: map_io.export_dialog(self, wrapped=True),
+            "copy_code": lambda: map_io.copy_as_code(self),
+            "save_session": lambda: map_io.save_session_dialog(self),
+            "quit": self.close,
+            "filter": self.tree_panel.filter_edit.setFocus,
+            "expand": self.tree_panel.expand_button.click,
+            "plan": self.plan_now,
+            "compare": lambda: _show_dock(self.planner_dock),
+            "diff_file": lambda: show_diff_against_file(self),
+            "diff_history": lambda: show_diff_against_history(self),
+            "cluster_plan": lambda: show_cluster_plan(self),
+        }
+        for number in range(1, MAX_LANE_SHORTCUTS + 1):
+            handlers[f"lane_{number}"] = lambda n=number: self._move_to_lane(n)
+        actions = ActionSet(
+            self,
+            handlers,
+            provided={
+                "undo": undo,
+                "redo": redo,
+                "load_dispatch": panels.load_action,
+                "cancel": panels.cancel_action,
+                "unload": panels.unload_action,
+            },
+        )
+        follow_command_text(undo, "Undo", stack.undoTextChanged)
+        follow_command_text(redo, "Redo", stack.redoTextChanged)
+        docks = (self.planner_dock, self.hardware_dock, self.history_dock, self.bottom_dock)
+        actions.build_menus(MENUS, [dock.toggleViewAction() for dock in docks])
+        self.whatif_menu = actions.submenus["whatif_menu"]
+        self.recent_menu = actions.submenus["recent_menu"]
+        self.move_menu = actions.submenus["move_menu"]
+        self.move_menu.aboutToShow.connect(lambda: self._fill_move_menu(self.move_menu))
+        fill_whatif_menu(self.whatif_menu, self.open_replacing)
+        self.refresh_recent_menu()
+        return actions
+
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
+        bar.addPermanentWidget(self.runtime_panels.progress_widget)
         self.model_status = QLabel("no model", self)
         self.validity_status = QLabel("", self)
         self.devices_status = QLabel("", self)
@@ -226,8 +323,6 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         if self.open_thread is not None and self.open_thread.isRunning():
             self.statusBar().showMessage("Still opening the previous model…", 3000)
             return None
-        from workbench.models import open_model
-
         thread = TaskThread(open_model, source, dtype=self.session.dtype)
         thread.setObjectName(f"open {source}")
         thread.succeeded.connect(lambda opened: self._on_open_succeeded(source, opened))
@@ -241,19 +336,18 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
 
     def _on_open_succeeded(self, source: str, opened: Any) -> None:
         self.busy_bar.setVisible(False)
-        pending, self._pending_map = self._pending_map, None
-        self.set_opened(source, opened, pending)
+        self.set_opened(source, opened, self.documents.take_pending_map())
         elapsed_s = self.open_thread.elapsed_s if self.open_thread else 0.0
         self.statusBar().showMessage(f"Opened {opened.label} in {elapsed_s:.1f} s", 5000)
         logger.info("opened %s in %.2f s", source, elapsed_s)
-        self.after_document_opened()  # a restored session's state, or a map waiting for it
+        self.documents.after_document_opened()  # a restored session's state, or a waiting map
 
     def _on_open_failed(self, source: str, exc: BaseException) -> None:
         self.busy_bar.setVisible(False)
         self.statusBar().showMessage(f"Could not open {source}", 5000)
         logger.error("could not open %s: %s", source, str(exc))
-        self.document_open_failed()
-        self._show_error("Could not open the model", str(exc))
+        self.documents.document_open_failed()
+        self.show_error("Could not open the model", str(exc))
 
     def set_opened(
         self, source: str, opened: Any, device_map: dict[str, Any] | None = None
@@ -269,8 +363,9 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         _unfreeze_gc()  # let the previous model's node cycles be collected
         restoring = device_map is not None
         self.session.replace_model(str(source), opened)
-        if not restoring and self._profile is not None:
-            self.session.set_budgets(self._profile.budgets(), reason="open")
+        profile = self.hardware.profile
+        if not restoring and profile is not None:
+            self.session.set_budgets(profile.budgets(), reason="open")
         self.planner_panel.set_model(opened)
         if not restoring:
             self.session.set_reserve(self.planner_panel.reserve_bytes(), reason="open")
@@ -279,7 +374,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.session.mark_clean()
         self.undo_stack.setClean()
         app_settings.add_recent_model(str(source))
-        refresh_recent_menu(self)
+        self.refresh_recent_menu()
         self.tree_model.set_tree(self.session.tree, self.session.device_map)
         self.refresh()
         _freeze_gc_for(self.session.tree)
@@ -291,11 +386,9 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         on the loaded model, not the one on screen. Not asked when ``source`` (what opens) is
         the loaded model itself, nor again once Keep loaded was the answer for the loaded
         model (until the next load or unload). Returns the box shown, or ``None``."""
-        panels = getattr(self, "runtime_panels", None)
-        controller = None if panels is None else panels.controller
+        controller = self.runtime_panels.controller
         if (
-            controller is None
-            or not (controller.loaded or controller.busy)
+            not (controller.loaded or controller.busy)
             or (not controller.busy and controller.keep_answered)
             or (not controller.busy and controller.is_loaded_source(source))
         ):
@@ -369,6 +462,30 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         self.statusBar().showMessage(result.describe(), 5000)
         return None
 
+    def _move_to_lane(self, number: int) -> None:
+        lanes = self.lanes.lanes
+        if number <= len(lanes):
+            self.move_selection_to(lanes[number - 1].device)
+
+    def _fill_move_menu(self, menu: Any) -> None:
+        devices = [lane.device for lane in self.lanes.lanes]
+        fill_move_menu(menu, devices, self.actions_by_name, self.move_selection_to)
+
+    def _show_tree_context_menu(self, pos: Any) -> Any:
+        return tree_context_menu(
+            self, self.tree_view, pos, self.window_state(), self._fill_move_menu
+        )
+
+    def plan_now(self) -> None:
+        """Plan with the current strategy and apply the result as one undo step (Plan, Ctrl+P);
+        the Planner panel shows the plan and its "Why" list, and still compares every strategy."""
+        _show_dock(self.planner_dock)
+        self.planner_panel.plan_and_apply()
+
+    def edit_budgets(self, budgets: dict[int | str, int]) -> None:
+        """Set the budgets (the Budgets dock or the Planner's editor) as one undo step."""
+        self.hardware.edit_budgets(budgets)
+
     def move_selection_to(self, device: int | str) -> str | None:
         """Move the selected tree rows to ``device`` (menu, Ctrl+N); return a refusal or None."""
         names = self.tree_panel.view.selected_names()
@@ -385,23 +502,21 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
 
     def _on_session_changed(self, change: SessionChange) -> None:
         if change.what in ("profile", "restored") and self.session.profile is not None:
-            self._profile = self.session.profile
-            if not self.hardware_selector.select_name(self._profile.name):
-                self.hardware_selector.add_profile(self._profile)
+            self.hardware.adopt_profile(self.session.profile, replace=False)
         if change.what == "opened":
             self.tree_model.set_tree(self.session.tree, self.session.device_map)
         if change.what in ("device_map", "budgets", "reserve", "profile", "opened", "restored"):
             self.refresh()
-            self._speed_timer.start()
+            self.hardware.speed_timer.start()
         if change.what in ("budgets", "profile", "restored"):
             self.planner_panel.sync_from_session()
-            self.remember_hardware()
+            self.hardware.remember_hardware()
         if change.what == "dirty":
             if not self.session.dirty:  # saved: undoing from here makes it dirty again
                 self.undo_stack.setClean()
             self._update_title()
-        elif self._autosave_enabled:
-            self._autosave_timer.start()
+        elif self.documents.autosave_enabled:
+            self.documents.autosave_timer.start()
 
     def _on_undo_clean_changed(self, clean: bool) -> None:
         if clean:  # undo or redo returned to the state that was opened or saved
@@ -411,7 +526,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         """Bring the tree's device column, lanes, budgets and status bar up to date."""
         session = self.session
         self.tree_model.set_device_map(session.device_map)
-        profile = self._profile
+        profile = self.hardware.profile
         titles = {spec.device: spec.name for spec in profile.devices} if profile else {}
         budgets = dict(session.budgets)
         self.budget_editor.set_budgets(budgets, titles)
@@ -429,7 +544,7 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         if tree is None:
             self.model_status.setText("no model — File > Open, or drop a folder here")
         else:
-            dtype = str(tree.planning_dtype or "as stored").replace("torch.", "")
+            dtype = dtype_name(tree.planning_dtype)
             name = model_display_name(session.source)
             self.model_status.setText(
                 f"{name} · {format_param_count(tree.root.param_count)} params · "
@@ -455,7 +570,21 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
             self.validity_status.style().polish(self.validity_status)
         self.devices_status.setText(plural(len(self.lanes.lanes), "device"))
         self._update_title()
-        update_action_states(self)
+        self.refresh_actions()
+
+    def window_state(self) -> WindowState:
+        """What the actions' enabled states depend on (a model, a selection)."""
+        has_model = self.session.tree is not None
+        selected = has_model and bool(self.tree_view.selectionModel().hasSelection())
+        return WindowState(has_model=has_model, has_selection=selected)
+
+    def refresh_actions(self) -> None:
+        """Enable the actions that need a model or a selection (tooltips say why not)."""
+        self.action_set.refresh(self.window_state())
+
+    def refresh_recent_menu(self) -> None:
+        """Rebuild File > Recent models from the settings."""
+        refresh_recent_menu(self.recent_menu, self.open_replacing)
 
     def _update_title(self) -> None:
         title = "Model Memory Workbench"
@@ -469,6 +598,122 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
         gpus = sorted(d for d in self.session.budgets if isinstance(d, int))
         return gpus[0] if gpus else "cpu"
 
+    # --- the parts: hardware and documents ----------------------------------------------
+
+    def hardware_profile(self) -> Any:
+        """Return the active ``HardwareProfile`` (what the lanes and the speed model use)."""
+        return self.hardware.profile
+
+    def set_hardware_profile(self, profile: Any) -> None:
+        """Switch to ``profile``: its budgets replace the current ones (one undo step)."""
+        self.hardware.set_hardware_profile(profile)
+
+    def adopt_profile(self, profile: Any) -> None:
+        """Make a restored session's ``profile`` the active one (listed and selected)."""
+        self.hardware.adopt_profile(profile)
+
+    @property
+    def speed_prediction(self) -> Any:
+        """The last speed prediction shown, or ``None``."""
+        return self.hardware.speed_prediction
+
+    @property
+    def speed_thread(self) -> TaskThread | None:
+        """The running or last speed-prediction thread."""
+        return self.hardware.speed_thread
+
+    def update_speed_prediction(self, *, wait: bool = False) -> None:
+        """Recompute tokens/s and TTFT for the current map on a worker thread.
+
+        Args:
+            wait: block until the prediction is shown (scripts and benchmarks).
+        """
+        self.hardware.update_speed_prediction(wait=wait)
+
+    def open_replacing(self, source: str) -> None:
+        """Open ``source`` (a model, a session or a map file) in place of the current model,
+        asking first about unsaved changes (``SessionDocuments.open_replacing``)."""
+        self.documents.open_replacing(source)
+
+    def open_path(self, source: str) -> Any:
+        """Open ``source`` by what it is, without asking (``SessionDocuments.open_path``)."""
+        return self.documents.open_path(source)
+
+    def restore_session_file(self, path: Any, *, recovered: bool = False) -> Any:
+        """Restore a saved or autosaved session (``SessionDocuments.restore_session_file``)."""
+        return self.documents.restore_session_file(path, recovered=recovered)
+
+    def offer_restore(self, path: Any) -> QWidget:
+        """Offer to restore the autosave at ``path`` in a bar above the tree (non-blocking)."""
+        return self.documents.offer_restore(path)
+
+    def autosave_now(self) -> None:
+        """Write the session to the autosave file now (normally debounced by 1 s)."""
+        self.documents.autosave_now()
+
+    def has_unsaved_changes(self) -> bool:
+        """True when a model is open and its session changed since it was opened or saved."""
+        return self.documents.has_unsaved_changes()
+
+    def confirm_unsaved_changes(self, then: Callable[[], object]) -> QMessageBox | None:
+        """Run ``then`` now, or after "Save changes…?" is answered Save or Discard."""
+        return self.documents.confirm_unsaved_changes(then)
+
+    def _place_restore_bar(self, bar: QWidget) -> None:
+        self.tree_panel.layout().insertWidget(0, bar)
+
+    # --- window state and message boxes -------------------------------------------------
+
+    def _restore_window_state(self) -> None:
+        saved = app_settings.window_state(["main"])
+        if saved["geometry"] is not None:
+            self.restoreGeometry(saved["geometry"])
+        else:
+            self._first_run_size()
+        if saved["state"] is not None:
+            self.restoreState(saved["state"])
+        else:  # first run: a compact bottom dock once the window has its real size
+            QTimer.singleShot(0, self._default_dock_sizes)
+        if saved["splitters"]["main"] is not None:
+            self.main_splitter.restoreState(saved["splitters"]["main"])
+
+    def _first_run_size(self) -> None:
+        """Nine tenths of the screen (at least 1400 x 900 where the screen allows)."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:
+            self.resize(1400, 900)
+            return
+        area = screen.availableGeometry()
+        self.resize(
+            min(area.width(), max(1400, area.width() * 9 // 10)),
+            min(area.height(), max(900, area.height() * 9 // 10)),
+        )
+
+    def _default_dock_sizes(self) -> None:
+        """A bottom dock tall enough to read the memory plot (three tenths of the window,
+        200 to 320 px); a planner dock wide enough for its form, no sideways scroll."""
+        bottom = min(320, max(200, self.height() * 3 // 10))
+        self.resizeDocks([self.bottom_dock], [bottom], Qt.Orientation.Vertical)
+        scroll = self.planner_dock.widget()
+        needed = (
+            self.planner_panel.minimumSizeHint().width()
+            + scroll.verticalScrollBar().sizeHint().width()
+        )
+        width = min(max(560, needed + 8), self.width() // 3)
+        self.resizeDocks([self.planner_dock], [width], Qt.Orientation.Horizontal)
+
+    def save_window_state(self) -> None:
+        """Remember geometry, docks and splitters (also done on close)."""
+        app_settings.save_window_state(
+            self.saveGeometry(), self.saveState(), {"main": self.main_splitter.saveState()}
+        )
+
+    def _show_error_box(self, title: str, text: str) -> None:
+        show_message(self, QMessageBox.Icon.Warning, title, text)
+
+    def _show_info_box(self, title: str, text: str) -> None:
+        show_message(self, QMessageBox.Icon.Information, title, text)
+
     def changeEvent(self, event: QEvent) -> None:
         """Re-tint the toolbar icons when the system switches between light and dark."""
         if event.type() in (QEvent.Type.ApplicationPaletteChange, QEvent.Type.PaletteChange):
@@ -477,14 +722,15 @@ class MainWindow(WindowHardwareMixin, WindowPersistenceMixin, QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Close for good (``UnsavedChangesGuard`` has asked about unsaved changes already)."""
-        self._close_without_asking = False
+        documents = self.documents
+        documents.close_without_asking = False
         self.save_window_state()
-        for thread in (self.open_thread, self.planner_panel.thread, self.speed_thread):
+        for thread in (self.open_thread, self.planner_panel.thread, self.hardware.speed_thread):
             if thread is not None:
                 thread.wait()
-        self._autosave_timer.stop()
-        self._speed_timer.stop()
-        if self._autosave_enabled and not self.restore_offer_pending():
+        documents.autosave_timer.stop()
+        self.hardware.speed_timer.stop()
+        if documents.autosave_enabled and not documents.restore_offer_pending():
             app_settings.discard_autosave()  # unanswered, a crashed run's autosave stays
         self._unsubscribe()
         self.log_view.detach()
@@ -543,12 +789,9 @@ def _scrolling(widget: QWidget, parent: QWidget) -> QScrollArea:
     return scroll
 
 
-def _single_shot(parent: QObject, interval_ms: int, slot: Any) -> QTimer:
-    timer = QTimer(parent)
-    timer.setSingleShot(True)
-    timer.setInterval(interval_ms)
-    timer.timeout.connect(slot)
-    return timer
+def _show_dock(dock: QDockWidget) -> None:
+    dock.show()
+    dock.raise_()
 
 
-__all__ = ["MainWindow", "device_label"]
+__all__ = ["MainWindow"]

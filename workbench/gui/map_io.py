@@ -32,29 +32,31 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.big_modeling.device_map import (
+from workbench.gui.commands import SetDeviceMapCommand
+from workbench.runtime import (
+    BadInputError,
     DeviceMapReading,
+    device_label,
+    dtype_name,
+    load_device_map,
     model_record_differences,
     read_device_map,
+    resolve_device_map,
+    save_device_map,
 )
-from workbench.big_modeling.devices import device_label
-from workbench.big_modeling.errors import BadInputError
-from workbench.gui.commands import SetDeviceMapCommand
-from workbench.gui.formatting import format_nbytes
-from workbench.gui.map_edit import MapIndex, compact_names
+from workbench.runtime.formatting import format_nbytes
+from workbench.runtime.map_code import checkpoint_location, from_pretrained_code
+from workbench.runtime.map_edits import MapIndex, compact_names
 from workbench.wording import plural
 
 if TYPE_CHECKING:
-    from workbench.gui.main_window import MainWindow
+    from workbench.gui.window_context import WindowContext
 
 logger = logging.getLogger(__name__)
 
-GIB = 1024**3
-MIB = 1024**2
-
 
 def map_problems(
-    window: MainWindow, device_map: dict[str, Any], reading: DeviceMapReading | None = None
+    window: WindowContext, device_map: dict[str, Any], reading: DeviceMapReading | None = None
 ) -> list[str]:
     """Return every reason ``device_map`` cannot be used for the open model (sorted lists).
 
@@ -102,13 +104,11 @@ def map_problems(
     return problems
 
 
-def _engine_check(window: MainWindow, device_map: dict[str, Any]) -> list[str]:
+def _engine_check(window: WindowContext, device_map: dict[str, Any]) -> list[str]:
     """The engine's exact coverage check (every tensor covered once, no contradictions)."""
     model = getattr(window.session.opened, "model", None)
     if model is None:
         return []
-    from workbench.big_modeling.device_map import resolve_device_map
-
     try:
         resolve_device_map(model, device_map)  # strict: unknown names are errors
     except BadInputError as exc:
@@ -135,7 +135,7 @@ class ImportDialog(QDialog):
 
     def __init__(
         self,
-        window: MainWindow,
+        window: WindowContext,
         path: Path,
         device_map: dict[str, Any],
         reading: DeviceMapReading | None = None,
@@ -211,7 +211,7 @@ class ImportDialog(QDialog):
         super().accept()
 
 
-def _record_differences(window: MainWindow, reading: DeviceMapReading | None) -> list[str]:
+def _record_differences(window: WindowContext, reading: DeviceMapReading | None) -> list[str]:
     """How a wrapped map's model record differs from the open model (the engine's comparison)."""
     tree = window.session.tree
     if reading is None or not reading.model_record or tree is None:
@@ -232,12 +232,10 @@ def read_map_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             (each naming the file).
         FileNotFoundError: when ``path`` does not exist.
     """
-    from workbench.big_modeling.device_map import load_device_map
-
     return dict(load_device_map(path))
 
 
-def import_device_map(window: MainWindow, path: str | os.PathLike[str]) -> ImportDialog | None:
+def import_device_map(window: WindowContext, path: str | os.PathLike[str]) -> ImportDialog | None:
     """Read and validate ``path``; show the import dialog (or the read error).
 
     Returns:
@@ -249,7 +247,7 @@ def import_device_map(window: MainWindow, path: str | os.PathLike[str]) -> Impor
         reading = read_device_map(target)
     except (BadInputError, OSError) as exc:
         logger.warning("import of %s refused: %s", target, str(exc))
-        window._show_error("Cannot import device map", str(exc))
+        window.show_error("Cannot import device map", str(exc))
         return None
     for previous in window.findChildren(ImportDialog):
         if previous.isVisible():
@@ -259,13 +257,13 @@ def import_device_map(window: MainWindow, path: str | os.PathLike[str]) -> Impor
     return dialog
 
 
-def import_dialog(window: MainWindow) -> None:
+def import_dialog(window: WindowContext) -> None:
     path, _ = QFileDialog.getOpenFileName(window, "Import device map", "", "Device map (*.json)")
     if path:
         import_device_map(window, path)
 
 
-def model_fingerprint(window: MainWindow) -> dict[str, Any]:
+def model_fingerprint(window: WindowContext) -> dict[str, Any]:
     """Identify the open model in a wrapped map file (source, class, sizes, module count)."""
     session = window.session
     opened, tree = session.opened, session.tree
@@ -277,12 +275,12 @@ def model_fingerprint(window: MainWindow) -> dict[str, Any]:
         "param_count": tree.root.param_count,
         "nbytes": tree.root.nbytes,
         "num_modules": len(tree),
-        "planning_dtype": str(tree.planning_dtype or "as stored").replace("torch.", ""),
+        "planning_dtype": dtype_name(tree.planning_dtype),
     }
 
 
 def export_device_map(
-    window: MainWindow, path: str | os.PathLike[str], *, wrapped: bool = False
+    window: WindowContext, path: str | os.PathLike[str], *, wrapped: bool = False
 ) -> Path:
     """Write the current map atomically (plain transformers format, or wrapped).
 
@@ -290,8 +288,6 @@ def export_device_map(
         DeviceMapError: when the engine refuses the map.
         OSError: when the file cannot be written (nothing partial is left).
     """
-    from workbench.big_modeling.device_map import save_device_map
-
     target = Path(path)
     metadata: dict[str, Any] = {}
     if wrapped:  # save_device_map puts every keyword under the file's "model" key
@@ -304,7 +300,7 @@ def export_device_map(
     return target
 
 
-def export_dialog(window: MainWindow, *, wrapped: bool = False) -> None:
+def export_dialog(window: WindowContext, *, wrapped: bool = False) -> None:
     path, _ = QFileDialog.getSaveFileName(
         window, "Export device map", "device_map.json", "Device map (*.json)"
     )
@@ -313,73 +309,32 @@ def export_dialog(window: MainWindow, *, wrapped: bool = False) -> None:
     try:
         export_device_map(window, path, wrapped=wrapped)
     except (BadInputError, OSError) as exc:
-        window._show_error("Cannot export device map", str(exc))
+        window.show_error("Cannot export device map", str(exc))
         return
     window.statusBar().showMessage(f"Exported {path}", 5000)
 
 
-def code_snippet(window: MainWindow) -> str:
+def code_snippet(window: WindowContext) -> str:
     """Return a ``from_pretrained(device_map=..., max_memory=...)`` snippet for the map.
 
-    The checkpoint is the model folder, else the Hub repo id of a bundled config or an
-    ``hf-cache:`` source, else a placeholder with a comment saying what to put there. ``torch``
-    is imported only when the snippet names a dtype. A comment says that transformers needs
-    ``accelerate`` installed to load along a device map.
+    The runtime's one writer (``map_code``), as ``workbench plan --emit-code`` uses it: every
+    budget exact (disk included), the checkpoint located by ``checkpoint_location``, ``torch``
+    imported only when the tree counts weights in a planning dtype.
     """
-    from workbench.models.catalog import hub_repo_id
-
     session = window.session
     opened = session.opened
-    class_name = getattr(opened, "model_class", "") or "AutoModelForCausalLM"
-    folder = getattr(opened, "folder", None)
-    source = session.source
-    placeholder = None
-    if folder is not None:
-        location = str(folder)
-    elif source and (repo_id := hub_repo_id(source)) is not None:
-        location = repo_id
-    else:
-        location = "path/to/checkpoint"
-        placeholder = (
-            f"# {source} holds no weights: put its Hub repo id or weights folder here"
-            if source
-            else "# put the model's Hub repo id or weights folder here"
-        )
-    device_map = dict(session.device_map)
-    max_memory = {d: f"{n // MIB}MiB" for d, n in session.budgets.items() if d != "disk"}
-    dtype = getattr(session.tree, "planning_dtype", None) if session.tree is not None else None
-    lines = ["import torch"] if dtype is not None else []
-    lines += [
-        f"from transformers import {class_name}",
-        "# from_pretrained(device_map=...) needs accelerate: python3 -m pip install accelerate",
-        "",
-        f"device_map = {_py_dict(device_map)}",
-        f"max_memory = {_py_dict(max_memory)}",
-        f"model = {class_name}.from_pretrained(",
-    ]
-    if placeholder:
-        lines.append(f"    {placeholder}")
-    lines += [
-        f"    {location!r},",
-        "    device_map=device_map,",
-        "    max_memory=max_memory,",
-    ]
-    if "disk" in device_map.values():
-        lines.append('    offload_folder="offload",')
-    if dtype is not None:
-        lines.append(f"    dtype={dtype},")
-    lines.append(")")
-    return "\n".join(lines) + "\n"
+    location, placeholder = checkpoint_location(session.source, getattr(opened, "folder", None))
+    return from_pretrained_code(
+        model_class=getattr(opened, "model_class", "") or "AutoModelForCausalLM",
+        location=location,
+        placeholder=placeholder,
+        device_map=dict(session.device_map),
+        max_memory=dict(session.budgets),
+        dtype=getattr(session.tree, "planning_dtype", None),
+    )
 
 
-def _py_dict(mapping: dict[Any, Any]) -> str:
-    if len(mapping) <= 3:
-        return repr(mapping)
-    body = "".join(f"    {key!r}: {value!r},\n" for key, value in mapping.items())
-    return "{\n" + body + "}"
-
-
-def copy_as_code(window: MainWindow) -> str:
+def copy_as_code(window: WindowContext) -> str:
     """Put the snippet on the clipboard and return it."""
     snippet = code_snippet(window)
     QGuiApplication.clipboard().setText(snippet)
@@ -387,7 +342,7 @@ def copy_as_code(window: MainWindow) -> str:
     return snippet
 
 
-def save_session_dialog(window: MainWindow, parent: QWidget | None = None) -> None:
+def save_session_dialog(window: WindowContext, parent: QWidget | None = None) -> None:
     path, _ = QFileDialog.getSaveFileName(
         parent or window,
         "Save session",
@@ -399,4 +354,4 @@ def save_session_dialog(window: MainWindow, parent: QWidget | None = None) -> No
     try:
         window.session.save(path)
     except (OSError, TypeError, ValueError) as exc:
-        window._show_error("Cannot save the session", str(exc))
+        window.show_error("Cannot save the session", str(exc))

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PySide6.QtCore import QSize, Signal
-from PySide6.QtGui import QColor, QResizeEvent
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -52,23 +52,22 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.big_modeling.devices import device_label, device_sort_key
-from workbench.gui.colors import device_color
+from workbench.gui.colors import device_color, warning_color
 from workbench.gui.commands import push_plan
-from workbench.gui.formatting import format_nbytes, format_rate, format_seconds
 from workbench.gui.hardware_selector import BudgetEditor
-from workbench.gui.planner_compare import STRATEGIES, Candidate, PlanRequest, run_comparison
+from workbench.gui.window_context import PlannerHost
 from workbench.gui.workers import TaskThread
+from workbench.runtime import AS_STORED, DTYPE_CHOICES, device_label, device_sort_key, dtype_name
+from workbench.runtime.formatting import format_nbytes, format_rate, format_seconds
 from workbench.runtime.model_context import Comparison, ModelContext
-
-if TYPE_CHECKING:
-    from workbench.gui.main_window import MainWindow
+from workbench.runtime.planning import activation_reserve
+from workbench.runtime.strategy_compare import STRATEGIES, Candidate, PlanRequest, run_comparison
 
 logger = logging.getLogger(__name__)
 
-DTYPES = ("as stored", "bfloat16", "float16", "float32", "float8_e4m3fn")
+DTYPES = (AS_STORED, *DTYPE_CHOICES)
 GIB = 1024**3
-WARNING_COLOR = QColor("#b45309")
+WARNING_COLOR = warning_color()
 
 
 class PlannerPanel(QWidget):
@@ -77,8 +76,8 @@ class PlannerPanel(QWidget):
     comparison_ready = Signal(object)
     comparison_failed = Signal(str)
 
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
+    def __init__(self, window: PlannerHost) -> None:
+        super().__init__(window)  # type: ignore[arg-type]  # the host is the window
         self.window_ = window
         self.thread: TaskThread | None = None
         self._pending: tuple[Any, ...] | None = None  # what the running comparison was for
@@ -125,7 +124,7 @@ class PlannerPanel(QWidget):
         self.compare_button.clicked.connect(lambda _checked=False: self.compare())
         self.table.currentCellChanged.connect(self._on_table_current_cell_changed)
         # one budget per device: an edit here is the same undo step as one in the Budgets dock
-        self.budget_editor.budgets_edited.connect(window._on_budget_editor_edited)
+        self.budget_editor.budgets_edited.connect(window.edit_budgets)
 
     def _build_layout(self) -> None:
         form = QFormLayout()
@@ -188,9 +187,8 @@ class PlannerPanel(QWidget):
         """Prefill from a newly opened model: no-split classes, dtype, budgets; the table and
         the "Why" list show the new model's (empty) comparison."""
         self.no_split_edit.setText(", ".join(getattr(opened, "no_split_modules", []) or []))
-        dtype = getattr(opened, "planning_dtype", None)
-        name = str(dtype).replace("torch.", "") if dtype is not None else "as stored"
-        self.dtype_combo.setCurrentText(name if name in DTYPES else "as stored")
+        name = dtype_name(getattr(opened, "planning_dtype", None))
+        self.dtype_combo.setCurrentText(name if name in DTYPES else AS_STORED)
         self.reserve_by_shape.setChecked(True)  # estimated for this model, not a typed leftover
         self.sync_from_session()
         self._fill_table()
@@ -227,17 +225,11 @@ class PlannerPanel(QWidget):
         opened = self.window_.session.opened
         if opened is None:
             return 0
-        from workbench.big_modeling.reserve import estimate_activation_reserve
-
         dtype: Any = self.dtype_combo.currentText()
-        if dtype == "as stored":  # activations take the model's declared dtype
+        if dtype == AS_STORED:  # activations take the model's declared dtype
             dtype = getattr(opened, "declared_dtype", None) or "float16"
         try:
-            return int(
-                estimate_activation_reserve(
-                    opened.config, self.batch_spin.value(), self.seq_spin.value(), dtype
-                )
-            )
+            return activation_reserve(opened, self.batch_spin.value(), self.seq_spin.value(), dtype)
         except (ValueError, TypeError, AttributeError) as exc:
             logger.warning("cannot estimate the activation reserve: %s", str(exc))
             return 0
@@ -257,7 +249,7 @@ class PlannerPanel(QWidget):
             profile=self.window_.hardware_profile(),
             budgets=dict(session.budgets),
             reserve={device: reserve} if reserve else {},
-            dtype=None if dtype == "as stored" else dtype,
+            dtype=None if dtype == AS_STORED else dtype,
             no_split=[n.strip() for n in self.no_split_edit.text().split(",") if n.strip()],
             strategies=tuple(s for s, c in self.strategy_checks.items() if c.isChecked()),
         )
@@ -347,7 +339,7 @@ class PlannerPanel(QWidget):
         self._pending = None
         self._reset_button()
         self._apply_when_done = None
-        self.window_._show_error("Planning failed", str(exc))
+        self.window_.show_error("Planning failed", str(exc))
         self.comparison_failed.emit(str(exc))
 
     def _reset_button(self) -> None:

@@ -9,6 +9,7 @@ subprocess.
 
 from __future__ import annotations
 
+import ctypes
 import sys
 
 _IMMORTAL_REFCOUNT = 1 << 40
@@ -24,8 +25,6 @@ def make_singletons_immortal() -> bool:
     """
     if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         return False
-    import ctypes
-
     changed = False
     for obj in (None, True, False, Ellipsis, NotImplemented):
         refcount = ctypes.c_ssize_t.from_address(id(obj))

@@ -1,16 +1,16 @@
 """The runtime half of the main window: load & dispatch, live plots, inference tests.
 
-``install_runtime_panels(window)`` adds toolbar actions (Load & dispatch, Cancel, Unload) to
-``window.main_toolbar``, the Memory / Transfers / Inference tabs to ``window.bottom_tabs`` and
-the load progress to the status bar, and wires them to one ``WorkerBridge``. The worker process
-is spawned in the background as soon as a model is open (``warm_on_open``), so it has done its
-imports (torch, transformers, the engine) before the user clicks Load, and the click pays only
-for the load; the status bar says "worker warming up" until it is ready. An empty window starts
-no worker. Nothing here may
-break the window: a failure while installing is logged and the window works without the panels.
+``RuntimePanels`` makes the toolbar actions (Load & dispatch, Cancel, Unload), the Memory /
+Transfers / Inference tabs and the load progress, and wires them to one ``WorkerBridge``; the
+window places them (its toolbar, bottom tabs and status bar) while it builds itself. The
+worker process is spawned in the background as soon as a model is open (``warm_on_open``), so
+it has done its imports (torch, transformers, the engine) before the user clicks Load, and the
+click pays only for the load; the status bar says "worker warming up" until it is ready. An
+empty window starts no worker. What can fail at run time without being a bug (detecting the hardware, spawning the
+worker, predicting a map the speed model refuses) is logged, and the log view shows it.
 
 Example:
-    >>> panels = install_runtime_panels(window)  # doctest: +SKIP
+    >>> panels = RuntimePanels(window, window.session, window.hardware_profile)  # doctest: +SKIP
     >>> panels.load_action.trigger()
 """
 
@@ -19,10 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, Signal
 from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QWidget
 
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.inference_panel import InferencePanel
@@ -30,7 +32,11 @@ from workbench.gui.load_panel import LoadController, LoadProgressWidget
 from workbench.gui.plots import group_layer_timings, summarize_layers
 from workbench.gui.plots.memory_plot import MemoryPlot
 from workbench.gui.plots.transfer_plot import TransferPlot
+from workbench.models.hardware import DETECTED_NAME, detect_hardware
+from workbench.models.speed import predict_speed
+from workbench.runtime import BadInputError, normalize_device
 from workbench.runtime.protocol import TelemetrySample, TransferBatch
+from workbench.runtime.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +45,18 @@ LOAD_TIP = "Load the checkpoint along the current map in the worker process"
 
 
 class RuntimePanels(QObject):
-    """Everything ``install_runtime_panels`` adds, wired together.
+    """The runtime widgets and actions of a window, wired together.
+
+    Args:
+        window: the parent of every widget; its Close shuts the worker down (install this
+            object as the window's event filter).
+        session: the document the loads and runs are for.
+        profile: returns the toolbar's hardware profile (what every prediction is for).
+        known_profile: returns the selector's profile of a name, or ``None``; the detected
+            profile is taken from there before detecting this machine again.
+        bridge: the worker bridge to use (default: a new one around a ``WorkerHost``).
+        warm_on_open: start the worker in the background once a model is open (default:
+            unless ``$WORKBENCH_WARM_WORKER`` is ``0``).
 
     Attributes:
         bridge, controller, progress_widget, memory_plot, transfer_plot, inference_panel,
@@ -48,12 +65,23 @@ class RuntimePanels(QObject):
 
     _session_event = Signal(object)
 
-    def __init__(self, window: Any, bridge: WorkerBridge | None = None) -> None:
+    def __init__(
+        self,
+        window: QWidget,
+        session: Session,
+        profile: Callable[[], Any],
+        *,
+        known_profile: Callable[[str], Any] | None = None,
+        bridge: WorkerBridge | None = None,
+        warm_on_open: bool | None = None,
+    ) -> None:
         super().__init__(window)
         self.window = window
+        self.session = session
+        self._known_profile = known_profile
         self.bridge = bridge or WorkerBridge(window)
         self.progress_widget = LoadProgressWidget(window)
-        self.controller = LoadController(self.bridge, window.session, self.progress_widget, window)
+        self.controller = LoadController(self.bridge, session, self.progress_widget, window)
         self.memory_plot = MemoryPlot(window, refresh_hz=REFRESH_HZ)
         self.transfer_plot = TransferPlot(window, refresh_hz=REFRESH_HZ)
         self.inference_panel = InferencePanel(
@@ -68,13 +96,14 @@ class RuntimePanels(QObject):
         self.unload_action.setToolTip("Drop the loaded model and free the worker's memory")
         # inference predictions use the toolbar's profile, like the Transfers plot and the
         # status line, so every "predicted" figure in the window is for the same hardware
-        self.bridge.profile_provider = lambda: _window_profile(window)
+        self.bridge.profile_provider = profile
         self.units: list[str] = []  # layer units of the loaded model, in display order
-        self._context = window.session.context  # the model the inference results are for
-        # start the worker in the background once a model is open; WORKBENCH_WARM_WORKER=0
-        # turns it off (the GUI tests of other things do, so every window they open does not
-        # spawn a process importing torch)
-        self.warm_on_open = os.environ.get("WORKBENCH_WARM_WORKER", "1") != "0"
+        self._context = session.context  # the model the inference results are for
+        # WORKBENCH_WARM_WORKER=0 turns warming off (the GUI tests of other things do, so
+        # every window they open does not spawn a process importing torch)
+        if warm_on_open is None:
+            warm_on_open = os.environ.get("WORKBENCH_WARM_WORKER", "1") != "0"
+        self.warm_on_open = warm_on_open
         # the hardware the worker runs on, for every prediction shown beside a measured figure
         # (the Transfers plot); None: this machine as detected. The toolbar's profile may be a
         # what-if, which the plan-time figures use and name.
@@ -109,9 +138,8 @@ class RuntimePanels(QObject):
         self.inference_panel.verify_button.clicked.connect(self._update_actions)
         self.inference_panel.run_finished.connect(lambda _r: self._update_actions())
         self.inference_panel.history.model.rowsInserted.connect(self._on_history_rows_inserted)
-        session = self.window.session
         self._session_event.connect(self._on_session_changed)  # queued if from another thread
-        self._unsubscribe = session.subscribe(self._session_event.emit)
+        self._unsubscribe = self.session.subscribe(self._session_event.emit)
         self._budgets_from_session()
 
     def _on_session_changed(self, change: Any) -> None:
@@ -124,7 +152,7 @@ class RuntimePanels(QObject):
             self._update_actions()  # Load & dispatch needs a model and a map that can load
         if what in ("opened", "restored"):
             self.warm_worker()
-        context = self.window.session.context
+        context = self.session.context
         if context is not self._context:  # another model: nothing shown may be the old one's
             self._context = context
             self.inference_panel.clear_results()
@@ -134,13 +162,13 @@ class RuntimePanels(QObject):
         """Tell the inference panel which model Run and Verify act on."""
         controller = self.controller
         loaded = controller.loaded_source if controller.loaded else None
-        on_screen = self.window.session.source
+        on_screen = self.session.source
         self.inference_panel.show_loaded_model(
             loaded, different=loaded is not None and str(loaded) != str(on_screen)
         )
 
     def _budgets_from_session(self) -> None:
-        self.memory_plot.set_budgets(dict(self.window.session.budgets))
+        self.memory_plot.set_budgets(dict(self.session.budgets))
         self._peaks_from_profile()
 
     def runtime_hardware(self) -> Any:
@@ -149,21 +177,16 @@ class RuntimePanels(QObject):
         if self.runtime_profile is not None:
             return self.runtime_profile
         if self._detected is None:
-            from workbench.models.hardware import DETECTED_NAME, detect_hardware
-
-            selector = getattr(self.window, "hardware_selector", None)
-            known = selector.profile(DETECTED_NAME) if selector is not None else None
+            known = self._known_profile(DETECTED_NAME) if self._known_profile else None
             try:
                 self._detected = known or detect_hardware()
-            except Exception as exc:  # no prediction rather than no window
-                logger.warning("hardware detection failed: %s", exc)
+            except (OSError, RuntimeError) as exc:  # no disk to measure, a CUDA error
+                logger.warning("hardware detection failed, no predictions: %s", exc)
                 return None
         return self._detected
 
     def prediction_label(self) -> str:
         """How the Transfers plot names its prediction: for this machine, or a profile."""
-        from workbench.models.hardware import DETECTED_NAME
-
         profile = self.runtime_hardware()
         name = getattr(profile, "name", "")
         return "predicted for this machine" if name == DETECTED_NAME else f"predicted for {name}"
@@ -176,7 +199,7 @@ class RuntimePanels(QObject):
         if profile is None:
             return
         peaks = {"disk": float(getattr(profile, "disk_read_gbps", 0.0) or 0.0)}
-        device_map = self.controller.loaded_map or dict(self.window.session.device_map or {})
+        device_map = self.controller.loaded_map or dict(self.session.device_map or {})
         if any(_is_accelerator(device) for device in device_map.values()):
             peaks["cpu"] = float(getattr(profile, "host_to_device_gbps", 0.0) or 0.0)
         if {k: v for k, v in peaks.items() if v > 0} != self.transfer_plot.peaks_gbps:
@@ -185,7 +208,7 @@ class RuntimePanels(QObject):
     def _update_actions(self, *_: object) -> None:
         busy = self.controller.busy
         running = self.inference_panel.busy
-        has_model = self.window.session.tree is not None
+        has_model = self.session.tree is not None
         check = self.controller.check() if has_model else None
         loadable = check is not None and check.loadable
         self.load_action.setEnabled(loadable and not busy and not running)
@@ -207,13 +230,13 @@ class RuntimePanels(QObject):
         if (
             self._closed
             or not self.warm_on_open
-            or self.window.session.tree is None
+            or self.session.tree is None
             or self.bridge.state != "stopped"
         ):
             return False
         try:
             self.bridge.start()
-        except Exception as exc:  # warming is an optimisation: the first load starts one anyway
+        except (OSError, RuntimeError) as exc:  # spawning failed; the first load tries again
             logger.warning("could not start the worker in the background: %s", exc)
             return False
         if not self.controller.busy:
@@ -261,16 +284,14 @@ class RuntimePanels(QObject):
     def _prediction_for_loaded_map(self) -> None:
         """Set the layer units and the speed model's per-layer prediction for the loaded map,
         for the hardware it runs on (the bars beside it are measured there)."""
-        tree, profile = self.window.session.tree, self.runtime_hardware()
+        tree, profile = self.session.tree, self.runtime_hardware()
         device_map = self.controller.loaded_map or {}
         self.units = [name for name in device_map if name]
         prediction = None
         if tree is not None and profile is not None and device_map:
             try:
-                from workbench.models.speed import predict_speed
-
                 prediction = predict_speed(tree, device_map, profile)
-            except Exception as exc:  # the prediction is a bonus; a model it cannot handle is fine
+            except BadInputError as exc:  # a map the speed model refuses: no prediction bars
                 logger.info("no per-layer prediction for the loaded map: %s", exc)
         if prediction is not None and prediction.per_layer:
             self.units = [p.name for p in prediction.per_layer]
@@ -284,13 +305,8 @@ class RuntimePanels(QObject):
             )
 
     def _in_model_tree(self, module: str) -> bool:
-        tree = self.window.session.tree
-        if tree is None:
-            return True
-        try:
-            return module in tree
-        except Exception:  # a tree without membership tests: keep everything
-            return True
+        tree = self.session.tree
+        return tree is None or module in tree
 
     def _on_bridge_telemetry(self, sample: TelemetrySample) -> None:
         values: dict[str, float] = {
@@ -332,9 +348,6 @@ class RuntimePanels(QObject):
 
 
 def _is_accelerator(device: Any) -> bool:
-    from workbench.big_modeling.devices import normalize_device
-    from workbench.big_modeling.errors import BadInputError
-
     try:  # the one device parser: "1" and "cuda:1" are GPU 1, "\u00b2" is no device
         canonical = normalize_device(device)
     except BadInputError:
@@ -343,43 +356,3 @@ def _is_accelerator(device: Any) -> bool:
 
 
 _ACCELERATORS = ("cuda", "mps", "xpu", "npu")
-
-
-def _window_profile(window: Any) -> Any:
-    try:
-        return window.hardware_profile()
-    except Exception:
-        return getattr(window.session, "profile", None)
-
-
-def install_runtime_panels(
-    window: Any, *, bridge: WorkerBridge | None = None
-) -> RuntimePanels | None:
-    """Add the runtime toolbar actions, tabs and status-bar progress to ``window``.
-
-    Args:
-        window: a ``MainWindow`` (``session``, ``main_toolbar``, ``bottom_tabs``, status bar).
-        bridge: the worker bridge to use (default: a new one around a ``WorkerHost``).
-
-    Returns:
-        The installed ``RuntimePanels`` (also kept as ``window.runtime_panels``), or ``None``
-        when installing failed; the failure is logged and the window keeps working.
-    """
-    try:
-        panels = RuntimePanels(window, bridge)
-        toolbar = window.main_toolbar
-        toolbar.addSeparator()
-        for action in (panels.load_action, panels.cancel_action, panels.unload_action):
-            toolbar.addAction(action)
-        tabs = window.bottom_tabs
-        tabs.insertTab(0, panels.memory_plot, "Memory")
-        tabs.insertTab(1, panels.transfer_plot, "Transfers")
-        tabs.insertTab(2, panels.inference_panel, "Inference")
-        tabs.setCurrentIndex(0)
-        window.statusBar().insertPermanentWidget(0, panels.progress_widget)
-        window.installEventFilter(panels)
-        window.runtime_panels = panels
-        return panels
-    except Exception:
-        logger.exception("the runtime panels could not be installed; loading is unavailable")
-        return None

@@ -19,7 +19,7 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, QStandardPaths
 
-from workbench.big_modeling.atomic import atomic_write_text
+from workbench.runtime import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from PySide6.QtCore import (
     Signal,
 )
 
-from workbench.big_modeling.devices import device_label
-from workbench.gui.colors import device_color, mixed_color
-from workbench.gui.formatting import format_nbytes, format_param_count
-from workbench.gui.map_edit import MIXED, MapIndex
+from workbench.gui.colors import OVER_BUDGET_HEX, device_color, mixed_color
 from workbench.models.tree import ModuleNode, ModuleTree
+from workbench.runtime import BadInputError, device_label, parse_json
+from workbench.runtime.formatting import format_nbytes, format_param_count
+from workbench.runtime.map_edits import MIXED, MapIndex
 
 MODULES_MIME = "application/x-workbench-modules"
 NAME_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -54,9 +54,6 @@ def names_from_mime(mime: QMimeData) -> list[str]:
     """Return the module names a drag carries, or ``[]`` when it carries none."""
     if not mime.hasFormat(MODULES_MIME):
         return []
-    from workbench.big_modeling.errors import BadInputError
-    from workbench.big_modeling.json_files import parse_json
-
     try:  # a drag from another process may carry anything: deep, huge, not UTF-8
         names = parse_json(
             bytes(mime.data(MODULES_MIME).data()), source="drag data", what="names", fix=""
@@ -272,7 +269,7 @@ class ModuleTreeModel(QAbstractItemModel):
         elif device is not None:
             lines.append(f"on {device_label(device)}")
         else:
-            lines.append("<span style='color:#dc2626'>not covered by the map</span>")
+            lines.append(f"<span style='color:{OVER_BUDGET_HEX}'>not covered by the map</span>")
         if node.no_split:
             lines.append("no-split: stays whole on one device")
         if node.tied and self._tree is not None:

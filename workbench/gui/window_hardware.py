@@ -1,54 +1,93 @@
-"""Hardware and predicted speed of ``MainWindow``: the active profile, budgets, speed label.
+"""Hardware and predicted speed of the main window: the active profile, budgets, speed label.
 
-A mixin so ``main_window.py`` stays about layout and state. Profile switches and budget edits
-are undo commands; the speed prediction runs on a worker thread after each change.
+``WindowHardware`` is a part of the window: it receives the session, the undo stack, the
+profile selector and the speed label, not the window. Profile switches and budget edits are
+undo commands; the speed prediction runs on a worker thread after each change (debounced).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QCoreApplication
+from PySide6.QtCore import QCoreApplication, QObject, QTimer
+from PySide6.QtGui import QUndoStack
+from PySide6.QtWidgets import QLabel
 
 from workbench.gui import settings as app_settings
 from workbench.gui.commands import SetBudgetsCommand, SetProfileCommand
-from workbench.gui.formatting import format_rate, format_ttft
-from workbench.gui.hardware_selector import available_profiles
+from workbench.gui.hardware_selector import HardwareSelector, available_profiles
 from workbench.gui.workers import TaskThread
+from workbench.models.speed import predict_speed
+from workbench.runtime.formatting import format_rate, format_ttft
+from workbench.runtime.session import Session
 
 
-class WindowHardwareMixin:
-    """Hardware profile, budgets and the live speed prediction."""
+class WindowHardware(QObject):
+    """Hardware profile, budgets and the live speed prediction.
 
-    session: Any
-    undo_stack: Any
-    hardware_selector: Any
-    speed_label: Any
-    speed_thread: TaskThread | None
-    speed_prediction: Any
-    _profile: Any
-    _speed_timer: Any
+    Args:
+        parent: the window (owner of the threads and the timer).
+        session: the document whose profile and budgets change.
+        undo_stack: where profile switches and budget edits go.
+        selector: the toolbar's profile selector (its choice switches the profile).
+        speed_label: shows the predicted tokens/s and TTFT.
+
+    Attributes:
+        profile: the active ``HardwareProfile`` (what the lanes and the speed model use).
+        speed_thread: the running or last prediction thread.
+        speed_prediction: the last prediction shown, or ``None``.
+        speed_timer: debounces ``update_speed_prediction`` (start it after each change).
+    """
+
+    def __init__(
+        self,
+        parent: QObject,
+        session: Session,
+        undo_stack: QUndoStack,
+        selector: HardwareSelector,
+        speed_label: QLabel,
+    ) -> None:
+        super().__init__(parent)
+        self.session = session
+        self.undo_stack = undo_stack
+        self.hardware_selector = selector
+        self.speed_label = speed_label
+        self.profile: Any = None
+        self.speed_thread: TaskThread | None = None
+        self.speed_prediction: Any = None
+        self._listed: list[Any] = []
+        self.speed_timer = QTimer(self)
+        self.speed_timer.setSingleShot(True)
+        self.speed_timer.setInterval(150)
+        self.speed_timer.timeout.connect(self.update_speed_prediction)
+        selector.profile_chosen.connect(self.set_hardware_profile)
 
     # --- hardware -----------------------------------------------------------------------
 
-    def hardware_profile(self) -> Any:
-        """Return the active ``HardwareProfile`` (what the lanes and the speed model use)."""
-        return self._profile
-
-    def _init_hardware(self, profiles: list[Any] | None) -> None:
+    def list_profiles(self, profiles: list[Any] | None) -> None:
+        """Fill the selector: ``profiles`` (default: detected + bundled + user profiles) and
+        the session's own profile; the session does not change."""
         profiles = available_profiles() if profiles is None else profiles
+        if self.session.profile is not None:
+            known = {p.name for p in profiles}
+            if self.session.profile.name not in known:
+                profiles = [*profiles, self.session.profile]
+        self.hardware_selector.set_profiles(profiles)
+        self._listed = list(profiles)
+
+    def choose_first_profile(self) -> None:
+        """Choose the session's profile, else the last one used, else the first listed
+        (``list_profiles`` first); the session gets its budgets and stays clean."""
+        profiles = self._listed
         name = app_settings.last_hardware()
         if self.session.profile is not None:
             name = self.session.profile.name
-            known = {p.name for p in profiles}
-            profiles = [*profiles, self.session.profile] if name not in known else profiles
-        self.hardware_selector.set_profiles(profiles)
         profile = self.hardware_selector.profile(name) if name else None
         profile = profile or (profiles[0] if profiles else None)
         if profile is None:
             return
         self.hardware_selector.select_name(profile.name)
-        self._profile = profile
+        self.profile = profile
         if self.session.profile is None:
             self.session.set_profile(profile, reason="start")
         if not self.session.budgets:  # only the profile carries over, not the last budgets
@@ -63,14 +102,24 @@ class WindowHardwareMixin:
     def remember_hardware(self) -> None:
         """Persist the session's profile as the last hardware (after every change, undo and
         redo included, so the settings always match what the window shows)."""
-        profile = self.session.profile or self._profile
+        profile = self.session.profile or self.profile
         if profile is not None:
             app_settings.save_last_hardware(profile.name)
 
-    def _on_hardware_profile_chosen(self, profile: Any) -> None:
-        self.set_hardware_profile(profile)
+    def adopt_profile(self, profile: Any, *, replace: bool = True) -> None:
+        """Make ``profile`` the active one, selected in the selector.
 
-    def _on_budget_editor_edited(self, budgets: dict[int | str, int]) -> None:
+        Args:
+            profile: a restored session's profile, or the session's after an undo.
+            replace: put it in the selector in place of a listed profile of its name (a
+                restored one is what the session saved); otherwise a listed one is selected.
+        """
+        self.profile = profile
+        if replace or not self.hardware_selector.select_name(profile.name):
+            self.hardware_selector.add_profile(profile)
+
+    def edit_budgets(self, budgets: dict[int | str, int]) -> None:
+        """Set the budgets as one undo step ("Edit budgets")."""
         self.undo_stack.push(SetBudgetsCommand(self.session, budgets, "Edit budgets"))
 
     def update_speed_prediction(self, *, wait: bool = False) -> None:
@@ -80,20 +129,18 @@ class WindowHardwareMixin:
         Args:
             wait: block until the prediction is shown (scripts and benchmarks).
         """
-        self._speed_timer.stop()
-        tree, profile = self.session.tree, self._profile
+        self.speed_timer.stop()
+        tree, profile = self.session.tree, self.profile
         if tree is None or profile is None or not self.session.device_map:
             self.speed_prediction = None
             self.speed_label.setText("Predicted: —")
             return
         if self.speed_thread is not None and self.speed_thread.isRunning():
-            self._speed_timer.start()  # try again when the running one is done
+            self.speed_timer.start()  # try again when the running one is done
             if wait:
                 self.speed_thread.wait()
                 self.update_speed_prediction(wait=True)
             return
-        from workbench.models.speed import predict_speed
-
         device_map = dict(self.session.device_map)
         thread = TaskThread(predict_speed, tree, device_map, profile)
         thread.setObjectName("predict speed")
@@ -107,7 +154,7 @@ class WindowHardwareMixin:
 
     def _on_speed_thread_succeeded(self, prediction: Any) -> None:
         self.speed_prediction = prediction
-        name = getattr(self._profile, "name", "")
+        name = getattr(self.profile, "name", "")
         where = "this machine" if name == "detected" else name  # a what-if says which profile
         self.speed_label.setText(
             f"<b>Predicted for {where}:</b> {format_rate(prediction.tokens_per_s)}, "

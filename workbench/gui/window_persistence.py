@@ -1,9 +1,8 @@
-"""Persistence and dialogs of ``MainWindow``: opening sessions and map files, autosave and
-crash recovery, window state, message boxes, and the "Save changes…?" question before unsaved
-work is closed or replaced.
+"""The window's documents: opening sessions and map files, autosave and crash recovery,
+message boxes, and the "Save changes…?" question before unsaved work is closed or replaced.
 
 Every way of handing the window a path (``workbench PATH``, ``--open``, File > Open session,
-a drop, the recent list) goes through :meth:`WindowPersistenceMixin.open_path`, which asks
+a drop, the recent list) goes through :meth:`SessionDocuments.open_path`, which asks
 ``workbench.runtime.documents`` what the path is: a session is restored (model, map, budgets,
 reserve, profile, planner options; the undo clean point is the restored state), a map file is
 imported into the model it was made for, anything else opens as a model.
@@ -12,8 +11,9 @@ Crash recovery: while the "Restore it?" bar is unanswered nothing overwrites or 
 autosave, whatever the launch opened meanwhile; a recovered session counts as changed ("*",
 quitting asks), because no file holds it.
 
-A mixin so ``main_window.py`` stays about layout and state; it relies on the window's
-``session``, ``open_source``, ``tree_panel``, ``hardware_selector`` and ``main_splitter``.
+``SessionDocuments`` is a part of the window, not a base class: it receives a
+``DocumentHost`` (the window's session, undo stack, opening and messages), so it never imports
+the window.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
-from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -35,25 +34,52 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.gui import settings as app_settings
+from workbench.gui.map_io import import_device_map, save_session_dialog
+from workbench.gui.window_context import DocumentHost
 from workbench.runtime.documents import MAP_SUFFIX, SESSION_SUFFIX, classify_document
 from workbench.runtime.session import Session
 
 logger = logging.getLogger(__name__)
 
 
-class WindowPersistenceMixin:
-    """Autosave, restore after a crash, window geometry, non-blocking message boxes."""
+class SessionDocuments(QObject):
+    """Opening, restoring and autosaving the window's session; the unsaved-changes question.
 
-    session: Session
-    _autosave_timer: Any
-    _pending_map: dict[str, Any] | None
-    _profile: Any
-    restore_bar: QWidget | None
-    save_prompt: QMessageBox | None
-    _close_without_asking: bool
-    # set by restore_session_file / open_path, consumed by after_document_opened
-    _pending_restore: tuple[Session, bool] | None = None
-    _pending_import: Path | None = None
+    Args:
+        host: the window (its session, undo stack, opening, messages; the parent of boxes).
+        place_bar: puts the "Restore it?" bar into the window (above the tree).
+        autosave: write the session to the autosave file after each change (debounced 1 s).
+
+    Attributes:
+        save_prompt: the open "Save changes…?" box, if any.
+        restore_bar: the "Restore it?" bar, once offered.
+        pending_map: the map a restored session opens its model with.
+        pending_restore: a restored session waiting for its model to open.
+        pending_import: a map file waiting for its model to open.
+    """
+
+    def __init__(
+        self, host: DocumentHost, place_bar: Callable[[QWidget], None], *, autosave: bool = True
+    ) -> None:
+        super().__init__(host)  # type: ignore[arg-type]  # the host is the window
+        self.host = host
+        self._place_bar = place_bar
+        self.autosave_enabled = autosave
+        self.save_prompt: QMessageBox | None = None
+        self.restore_bar: QWidget | None = None
+        self.pending_map: dict[str, Any] | None = None
+        self.pending_restore: tuple[Session, bool] | None = None
+        self.pending_import: Path | None = None
+        self.close_without_asking = False
+        self.autosave_timer = QTimer(self)
+        self.autosave_timer.setSingleShot(True)
+        self.autosave_timer.setInterval(1000)
+        self.autosave_timer.timeout.connect(self.autosave_now)
+
+    @property
+    def session(self) -> Session:
+        """The window's session (the document)."""
+        return self.host.session
 
     # --- unsaved changes ----------------------------------------------------------------
 
@@ -77,7 +103,7 @@ class WindowPersistenceMixin:
             "Unsaved changes",
             f"Save changes to the session for {model_display_name(self.session.source)}?",
             buttons.Save | buttons.Discard | buttons.Cancel,
-            self,  # type: ignore[arg-type]
+            self.host,  # type: ignore[arg-type]
         )
         box.setObjectName("savePrompt")
         box.setInformativeText(
@@ -96,9 +122,7 @@ class WindowPersistenceMixin:
         self.save_prompt = None
         answer = box.standardButton(box.clickedButton())
         if answer == QMessageBox.StandardButton.Save:
-            from workbench.gui.map_io import save_session_dialog
-
-            save_session_dialog(self)  # type: ignore[arg-type]
+            save_session_dialog(self.host)  # type: ignore[arg-type]
             if self.session.dirty:  # the file dialog was cancelled or the save failed
                 return
         elif answer != QMessageBox.StandardButton.Discard:
@@ -116,9 +140,7 @@ class WindowPersistenceMixin:
             return
         target = source if document.kind == "model" else document.model_source
         self.confirm_unsaved_changes(
-            lambda: self.confirm_loaded_model(  # type: ignore[attr-defined]
-                lambda: self.open_path(source), source=target
-            )
+            lambda: self.host.confirm_loaded_model(lambda: self.open_path(source), source=target)
         )
 
     def open_path(self, source: str) -> Any:
@@ -133,40 +155,41 @@ class WindowPersistenceMixin:
         if document.kind == "session":
             return self.restore_session_file(source)
         if document.kind == "map":
-            from workbench.gui.map_io import import_device_map
-
             if self.session.tree is None and document.model_source is not None:
-                self._pending_import = Path(source)
-                return self.open_source(document.model_source)  # type: ignore[attr-defined]
+                self.pending_import = Path(source)
+                return self.host.open_source(document.model_source)
             if self.session.tree is None:
-                self._pending_import = Path(source)
-                self.statusBar().showMessage(  # type: ignore[attr-defined]
+                self.pending_import = Path(source)
+                self.host.statusBar().showMessage(
                     f"{Path(source).name} is a device map: open its model and it is imported"
                 )
                 return None
-            return import_device_map(self, source)  # type: ignore[arg-type]
-        return self.open_source(source)  # type: ignore[attr-defined]
+            return import_device_map(self.host, source)  # type: ignore[arg-type]
+        return self.host.open_source(source)
 
     def after_document_opened(self) -> None:
         """Finish what :meth:`open_path` started once the model is shown: apply a restored
         session's state (its clean point), or import the map that was waiting for it."""
-        pending, self._pending_restore = self._pending_restore, None
+        pending, self.pending_restore = self.pending_restore, None
         if pending is not None:
             self._apply_restored_session(*pending)
-        waiting, self._pending_import = self._pending_import, None
+        waiting, self.pending_import = self.pending_import, None
         if waiting is not None:
-            from workbench.gui.map_io import import_device_map
-
-            import_device_map(self, waiting)  # type: ignore[arg-type]
+            import_device_map(self.host, waiting)  # type: ignore[arg-type]
 
     def document_open_failed(self) -> None:
         """Forget a restore or import that was waiting for a model that did not open."""
-        self._pending_restore = None
-        self._pending_import = None
+        self.pending_restore = None
+        self.pending_import = None
+
+    def take_pending_map(self) -> dict[str, Any] | None:
+        """The map a restored session opens its model with (once), or ``None``."""
+        pending, self.pending_map = self.pending_map, None
+        return pending
 
     def _close_after_answer(self) -> None:
-        self._close_without_asking = True
-        self.close()  # type: ignore[attr-defined]
+        self.close_without_asking = True
+        self.host.close()
 
     # --- persistence --------------------------------------------------------------------
 
@@ -180,7 +203,7 @@ class WindowPersistenceMixin:
 
         Skipped while a restore offer is unanswered: the file holds the crashed run's work.
         """
-        self._autosave_timer.stop()
+        self.autosave_timer.stop()
         if self.session.source is None or self.restore_offer_pending():
             return
         try:
@@ -192,7 +215,7 @@ class WindowPersistenceMixin:
         """Show a bar offering to restore the autosaved session at ``path`` (non-blocking).
 
         Until Restore or Discard is clicked the autosave is kept as it is."""
-        bar = QWidget(self)
+        bar = QWidget(self.host)  # type: ignore[arg-type]
         bar.setObjectName("restoreBar")
         row = QHBoxLayout(bar)
         row.setContentsMargins(6, 2, 6, 2)
@@ -206,7 +229,7 @@ class WindowPersistenceMixin:
         row.addWidget(discard)
         restore.clicked.connect(lambda: self._on_restore_bar_answered(path, restore=True))
         discard.clicked.connect(lambda: self._on_restore_bar_answered(path, restore=False))
-        self.tree_panel.layout().insertWidget(0, bar)
+        self._place_bar(bar)
         self.restore_bar = bar
         return bar
 
@@ -216,8 +239,8 @@ class WindowPersistenceMixin:
             return
         self.restore_bar.hide()  # type: ignore[union-attr]
         app_settings.discard_autosave()
-        if self.session.source is not None and self._autosave_enabled:  # type: ignore[attr-defined]
-            self._autosave_timer.start()  # the work of this run is autosaved from now on
+        if self.session.source is not None and self.autosave_enabled:
+            self.autosave_timer.start()  # the work of this run is autosaved from now on
 
     def _restore_answered(self, path: Path) -> None:
         self.restore_bar.hide()  # type: ignore[union-attr]
@@ -236,38 +259,38 @@ class WindowPersistenceMixin:
         Returns:
             The opening thread, or ``None`` when the file cannot be read (an error is shown).
         """
+        show_error = self.host.show_error
         try:
             saved = Session.restore(path)
         except (OSError, ValueError) as exc:
-            self._show_error("Cannot restore the session", str(exc))
+            show_error("Cannot restore the session", str(exc))
             return None
         if not saved.source:
-            self._show_error(
+            show_error(
                 "Cannot restore the session", f"{path}: the session names no model (source)"
             )
             return None
         if classify_document(saved.source).kind == "session":
-            self._show_error(
+            show_error(
                 "Cannot restore the session",
                 f"{path}: its source {saved.source} is another session, not a model",
             )
             return None
         if self.session.dtype != saved.dtype:
             self.session.set_dtype(saved.dtype, reason="restore")  # the model opens in it
-        self._pending_map = dict(saved.device_map)
-        self._pending_restore = (saved, recovered)
-        self._pending_import = None
-        thread = self.open_source(saved.source)  # type: ignore[attr-defined]
+        self.pending_map = dict(saved.device_map)
+        self.pending_restore = (saved, recovered)
+        self.pending_import = None
+        thread = self.host.open_source(saved.source)
         if thread is None:
-            self._pending_restore = None
+            self.pending_restore = None
         return thread
 
     def _apply_restored_session(self, saved: Session, recovered: bool) -> None:
         """Put the restored state on the freshly opened model, then set the clean point."""
         session = self.session
         if saved.profile is not None:
-            self._profile = saved.profile
-            self.hardware_selector.add_profile(saved.profile)
+            self.host.adopt_profile(saved.profile)
             session.set_profile(saved.profile, reason="restore")
         if saved.budgets:
             session.set_budgets(saved.budgets, reason="restore")
@@ -275,7 +298,7 @@ class WindowPersistenceMixin:
         session.set_planner_options(saved.planner_options, reason="restore")
         if session.device_map != saved.device_map:
             session.set_device_map(saved.device_map, reason="restore")
-        undo_stack = self.undo_stack  # type: ignore[attr-defined]
+        undo_stack = self.host.undo_stack
         undo_stack.clear()
         session.mark_clean()
         undo_stack.setClean()
@@ -286,10 +309,8 @@ class WindowPersistenceMixin:
         else:
             session.path = saved.path
             app_settings.add_recent_model(str(saved.path))
-            from workbench.gui.window_actions import refresh_recent_menu
-
-            refresh_recent_menu(self)  # type: ignore[arg-type]
-        self.statusBar().showMessage(  # type: ignore[attr-defined]
+            self.host.refresh_recent_menu()
+        self.host.statusBar().showMessage(
             "Restored the session of the crashed run: save it to keep it"
             if recovered
             else f"Opened session {Path(str(saved.path)).name}",
@@ -298,26 +319,10 @@ class WindowPersistenceMixin:
 
     # --- File > Open session ------------------------------------------------------------
 
-    def install_session_actions(self) -> QAction:
-        """Add File > Open session… (Ctrl+Shift+O) above the recent list; return the action."""
-        action = QAction("Open &session…", self)  # type: ignore[arg-type]
-        action.setObjectName("openSessionAction")
-        action.setShortcut(QKeySequence("Ctrl+Shift+O"))
-        tip = "Open a saved session: model, device map, budgets and hardware profile"
-        action.setStatusTip(tip)
-        action.setToolTip(tip)
-        action.triggered.connect(lambda _checked=False: self.open_session_dialog())
-        recent = self.recent_menu.menuAction()  # type: ignore[attr-defined]
-        for widget in recent.associatedObjects():
-            if hasattr(widget, "insertAction"):
-                widget.insertAction(recent, action)
-        self.actions_by_name["open_session"] = action  # type: ignore[attr-defined]
-        return action
-
     def open_session_dialog(self) -> None:
         """Ask for a session (or map) file and open it (asking about unsaved work first)."""
         path, _ = QFileDialog.getOpenFileName(
-            self,  # type: ignore[arg-type]
+            self.host,  # type: ignore[arg-type]
             "Open session",
             "",
             f"Workbench session (*{SESSION_SUFFIX} *.json);;"
@@ -326,67 +331,14 @@ class WindowPersistenceMixin:
         if path:
             self.open_replacing(path)
 
-    def _restore_window_state(self) -> None:
-        saved = app_settings.window_state(["main"])
-        if saved["geometry"] is not None:
-            self.restoreGeometry(saved["geometry"])
-        else:
-            self._first_run_size()
-        if saved["state"] is not None:
-            self.restoreState(saved["state"])
-        else:  # first run: a compact bottom dock once the window has its real size
-            QTimer.singleShot(0, self._default_dock_sizes)
-        if saved["splitters"]["main"] is not None:
-            self.main_splitter.restoreState(saved["splitters"]["main"])
 
-    def _first_run_size(self) -> None:
-        """Nine tenths of the screen (at least 1400 x 900 where the screen allows)."""
-        screen = self.screen() or QGuiApplication.primaryScreen()
-        if screen is None:
-            self.resize(1400, 900)
-            return
-        area = screen.availableGeometry()
-        self.resize(
-            min(area.width(), max(1400, area.width() * 9 // 10)),
-            min(area.height(), max(900, area.height() * 9 // 10)),
-        )
-
-    def _default_dock_sizes(self) -> None:
-        """A bottom dock tall enough to read the memory plot (three tenths of the window,
-        200 to 320 px); a planner dock wide enough for its form, no sideways scroll."""
-        bottom = min(320, max(200, self.height() * 3 // 10))
-        self.resizeDocks([self.bottom_dock], [bottom], Qt.Orientation.Vertical)
-        scroll = self.planner_dock.widget()
-        needed = (
-            self.planner_panel.minimumSizeHint().width()
-            + scroll.verticalScrollBar().sizeHint().width()
-        )
-        width = min(max(560, needed + 8), self.width() // 3)
-        self.resizeDocks([self.planner_dock], [width], Qt.Orientation.Horizontal)
-
-    def save_window_state(self) -> None:
-        """Remember geometry, docks and splitters (also done on close)."""
-        app_settings.save_window_state(
-            self.saveGeometry(), self.saveState(), {"main": self.main_splitter.saveState()}
-        )
-
-    # --- dialogs (non-blocking; tests replace _show_error / _show_info) ------------------
-
-    def _show_error_box(self, title: str, text: str) -> None:
-        box = QMessageBox(
-            QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self
-        )
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        box.setModal(False)
-        box.show()
-
-    def _show_info_box(self, title: str, text: str) -> None:
-        box = QMessageBox(
-            QMessageBox.Icon.Information, title, text, QMessageBox.StandardButton.Ok, self
-        )
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        box.setModal(False)
-        box.show()
+def show_message(parent: QWidget, icon: QMessageBox.Icon, title: str, text: str) -> QMessageBox:
+    """Show a non-blocking message box over ``parent`` (it deletes itself when closed)."""
+    box = QMessageBox(icon, title, text, QMessageBox.StandardButton.Ok, parent)
+    box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    box.setModal(False)
+    box.show()
+    return box
 
 
 class UnsavedChangesGuard(QObject):
@@ -396,20 +348,20 @@ class UnsavedChangesGuard(QObject):
     (stays open). Install it last on the window, so it sees the Close before other filters.
     """
 
-    def __init__(self, window: Any) -> None:
-        super().__init__(window)
-        self._window = window
+    def __init__(self, documents: SessionDocuments) -> None:
+        super().__init__(documents)
+        self._documents = documents
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        window = self._window
+        documents = self._documents
         if (
-            watched is window
+            watched is documents.host
             and event.type() == QEvent.Type.Close
-            and not window._close_without_asking
-            and window.has_unsaved_changes()
+            and not documents.close_without_asking
+            and documents.has_unsaved_changes()
         ):
             event.ignore()
-            window.confirm_unsaved_changes(window._close_after_answer)
+            documents.confirm_unsaved_changes(documents._close_after_answer)
             return True
         return False
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, QThread, QTimer, Signal
+from PySide6.QtCore import QEventLoop, QObject, QThread, QTimer, Signal
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +109,6 @@ def wait_for_threads(timeout_ms: int = 10_000) -> bool:
 def run_event_loop_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
     """Run the Qt event loop until ``predicate()`` holds or ``timeout_s`` passes (checked every
     20 ms); return ``predicate()``. For scripts and benchmarks, which have no qtbot."""
-    from PySide6.QtCore import QEventLoop, QTimer
-
     loop = QEventLoop()
     deadline = time.monotonic() + timeout_s
     check = QTimer()

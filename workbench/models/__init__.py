@@ -28,13 +28,12 @@ _EXPORTS: dict[str, str] = {
     "make_demo": "demo",
     "demo_model_dir": "demo",
     "real_demo_folder": "demo",
-    "open_gguf": "gguf",
+    "open_gguf": "intake",
     "read_gguf_header": "gguf",
     "convert_gguf": "gguf_convert",
     "list_bundled_configs": "catalog",
     "CachedModel": "hf_cache",
     "list_cached_models": "hf_cache",
-    "parse_dtype": "dtypes",
 }
 
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605

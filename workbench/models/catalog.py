@@ -15,6 +15,8 @@ from pathlib import Path
 
 from workbench.big_modeling.json_files import read_json
 from workbench.models.errors import ModelSourceError
+from workbench.models.hf_cache import HF_CACHE_PREFIX
+from workbench.resources import resources_root
 
 # Where each bundled config's weights live on the Hugging Face Hub (for ``plan --emit-code``).
 HUB_REPO_IDS = {
@@ -40,8 +42,6 @@ class BundledConfig:
 
 
 def configs_dir() -> Path:
-    from workbench.resources import resources_root
-
     return resources_root() / "configs"
 
 
@@ -74,8 +74,6 @@ def hub_repo_id(source: str) -> str | None:
         >>> hub_repo_id("llama-3.1-70b")
         'meta-llama/Llama-3.1-70B'
     """
-    from workbench.models.hf_cache import HF_CACHE_PREFIX
-
     if source.startswith(HF_CACHE_PREFIX):
         return source.removeprefix(HF_CACHE_PREFIX) or None
     path = Path(source)

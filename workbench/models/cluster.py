@@ -39,6 +39,7 @@ from typing import Any
 from workbench.big_modeling.json_files import read_json
 from workbench.models.errors import ProfileError
 from workbench.models.hardware import profile_size, user_config_dir
+from workbench.resources import resources_root
 
 logger = logging.getLogger(__name__)
 
@@ -154,8 +155,6 @@ def user_clusters_dir() -> Path:
 
 
 def bundled_clusters_dir() -> Path:
-    from workbench.resources import resources_root
-
     return resources_root() / "clusters"
 
 

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -24,18 +25,19 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from workbench.big_modeling.atomic import atomic_write_text
-from workbench.models.dtypes import parse_dtype
+from workbench.big_modeling.dtypes import dtype_name, parse_dtype
+from workbench.big_modeling.file_swap import replace_directory, sweep_old_directories
+from workbench.big_modeling.loading.writer import ShardCallback, save_sharded_checkpoint
+from workbench.models.cache_dirs import make_readable, workbench_cache_dir
 from workbench.models.errors import ModelSourceError
+from workbench.models.gguf_convert import convert_gguf
 from workbench.models.tokenizer import save_demo_tokenizer
 from workbench.models.warmup import wait_for_warm_up
-
-if TYPE_CHECKING:
-    from workbench.big_modeling.shards import ShardCallback
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +140,7 @@ def demo_config(
 ) -> Any:
     """Return the transformers config of a demo model."""
     wait_for_warm_up()  # never import transformers alongside a warm-up thread
-    from transformers import BertConfig, GPT2Config, LlamaConfig
+    from transformers import BertConfig, GPT2Config, LlamaConfig  # noqa: PLC0415 (transformers is heavy)
 
     vocab = token_ids["vocab_size"]
     shape = choose_shape(arch, target_params, vocab)
@@ -147,7 +149,7 @@ def demo_config(
         "bos_token_id": token_ids["bos_token_id"],
         "eos_token_id": token_ids["eos_token_id"],
         "pad_token_id": token_ids["pad_token_id"],
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_name(dtype),
     }
     if arch == "llama":
         return LlamaConfig(
@@ -221,8 +223,6 @@ def make_demo(
     Raises:
         ModelSourceError: unknown arch, bad count or dtype, shards < 1, or a non-empty folder.
     """
-    from workbench.big_modeling.shards import save_sharded_checkpoint
-
     if arch not in ARCHITECTURES:
         raise ModelSourceError(
             f"unknown demo arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}"
@@ -261,7 +261,7 @@ def make_demo(
         stage(DEMO_STAGES[3])
         config_data = config.to_diff_dict()
         config_data.pop("transformers_version", None)
-        config_data["dtype"] = str(stored_dtype).removeprefix("torch.")
+        config_data["dtype"] = dtype_name(stored_dtype)
         atomic_write_text(
             staging / "config.json", json.dumps(config_data, indent=2, sort_keys=True) + "\n"
         )
@@ -284,7 +284,7 @@ def make_demo(
 
 
 def _random_state_dict(config: Any, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    import transformers
+    import transformers  # noqa: PLC0415 (transformers is heavy)
 
     cls = getattr(transformers, config.architectures[0])
     previous = torch.get_default_dtype()
@@ -298,35 +298,15 @@ def _random_state_dict(config: Any, seed: int, dtype: torch.dtype) -> dict[str, 
     return {name: tensor.to(dtype) for name, tensor in model.state_dict().items()}
 
 
-def make_readable(folder: Path) -> None:
-    """Give the staged folder the modes a plain ``mkdir``/``open`` would (temp files are 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for path in folder.iterdir():
-        path.chmod(0o666 & ~umask)
-
-
 def _move_into_place(staging: Path, target: Path, *, overwrite: bool) -> None:
     """Swap the finished folder in; the old one goes only once the new one is in place.
 
     (``rmtree(target)`` before the rename left 9 of 10 old files when killed.)
     """
-    from workbench.big_modeling.file_swap import replace_directory, sweep_old_directories
-
     sweep_old_directories(target)  # what an earlier killed --overwrite left
     if target.exists() and not (overwrite and any(target.iterdir())):
         target.rmdir()  # empty: checked by make_demo
     replace_directory(staging, target)
-
-
-def demo_cache_root() -> Path:
-    """The folder for cached demos: ``$WORKBENCH_CACHE_DIR`` or the user cache folder."""
-    explicit = os.environ.get("WORKBENCH_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "model-memory-workbench"
 
 
 def demo_model_dir(
@@ -343,7 +323,7 @@ def demo_model_dir(
     first rename wins; the others discard theirs. ``progress`` and ``shard_progress`` are
     passed to ``make_demo`` and not called when the demo is cached.
     """
-    root = Path(cache_root) if cache_root is not None else demo_cache_root()
+    root = Path(cache_root) if cache_root is not None else workbench_cache_dir()
     target = root / f"demo-{arch}-{str(params).lower()}"
     if (target / "config.json").is_file():
         return target
@@ -380,8 +360,6 @@ def real_demo_gguf() -> Path:
     Raises:
         ModelSourceError: when the package is not installed, saying how to install it.
     """
-    import importlib.util
-
     spec = importlib.util.find_spec(REAL_DEMO_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
@@ -420,6 +398,4 @@ def real_demo_folder(progress: Callable[..., None] | None = None, cancel: Any = 
         >>> (folder / "tokenizer.json").is_file()
         True
     """
-    from workbench.models.gguf_convert import convert_gguf
-
     return convert_gguf(real_demo_gguf(), progress=progress, cancel=cancel)

@@ -1,27 +1,19 @@
-"""Open a GGUF file (what llama.cpp and LM Studio users have on disk) for planning.
+"""What a GGUF file (what llama.cpp and LM Studio users have on disk) means to transformers:
+the config it describes and the state-dict name of each of its tensors.
 
-``read_gguf_header`` (``workbench.models.gguf_header``) reads the header only. ``open_gguf``
-builds the transformers model it describes with empty weights; its tree counts each tensor's
-GGUF bytes as ``stored_nbytes`` and the bytes once converted to a torch dtype (``bfloat16`` by
-default) as ``nbytes``, so planning works from the header alone. Loading needs the file
-converted first (``workbench.models.gguf_convert.convert_gguf``; the load job does it).
-
-Example:
-    >>> opened = open_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
-    >>> opened.tree.root.stored_nbytes, opened.tree.root.nbytes  # Q4_1/Q8_0 file, bf16 model
-    (96577024, 269030144)
+``read_gguf_header`` (``workbench.models.gguf_header``) reads the header only;
+``workbench.models.intake.open_gguf`` builds the model from it for planning, and
+``workbench.models.gguf_convert.convert_gguf`` converts the file so that it can be loaded.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from workbench.models.dtypes import parse_dtype
+from workbench.big_modeling.dtypes import dtype_name
 from workbench.models.errors import ModelSourceError
 from workbench.models.gguf_header import (
     GGUF_SUFFIX,
@@ -30,7 +22,6 @@ from workbench.models.gguf_header import (
     is_gguf_path,
     read_gguf_header,
 )
-from workbench.models.warmup import wait_for_warm_up
 
 __all__ = [
     "CONVERTED_DTYPE",
@@ -41,7 +32,6 @@ __all__ = [
     "gguf_config_dict",
     "gguf_to_hf_names",
     "is_gguf_path",
-    "open_gguf",
     "read_gguf_header",
     "supported_architectures",
 ]
@@ -61,7 +51,7 @@ _ARCH_TO_MODEL_TYPE = {
 
 def supported_architectures() -> list[str]:
     """The GGUF architectures transformers can convert, sorted."""
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING  # noqa: PLC0415 (transformers is heavy)
 
     return sorted(GGUF_CONFIG_MAPPING)
 
@@ -87,7 +77,10 @@ def gguf_config_dict(header: GGUFHeader, dtype: torch.dtype = CONVERTED_DTYPE) -
     Raises:
         ModelSourceError: an architecture transformers cannot convert.
     """
-    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+    from transformers.integrations.ggml import (  # noqa: PLC0415 (transformers is heavy)
+        GGUF_CONFIG_DEFAULTS_MAPPING,
+        GGUF_CONFIG_MAPPING,
+    )
 
     check_supported(header)
     arch = header.architecture
@@ -108,7 +101,7 @@ def gguf_config_dict(header: GGUFHeader, dtype: torch.dtype = CONVERTED_DTYPE) -
         if isinstance(value, int):
             target = {"padding": "pad", "unknown": "unk"}.get(key, key)
             data[f"{target}_token_id"] = value
-    data["dtype"] = str(dtype).removeprefix("torch.")
+    data["dtype"] = dtype_name(dtype)
     return data
 
 
@@ -119,8 +112,11 @@ def gguf_to_hf_names(model: torch.nn.Module, header: GGUFHeader) -> dict[str, st
     on each name and on its suffixes below every module), with the table built once instead of
     once per module (397 times, a minute of CPU, for a 30-layer Llama).
     """
-    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map  # noqa: PLC0415 (gguf is optional at import time)
+    from transformers.modeling_gguf_pytorch_utils import (  # noqa: PLC0415 (transformers is heavy)
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+    )
 
     processor_class = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)
     processor = processor_class(config=model.config.to_dict())
@@ -146,86 +142,3 @@ def gguf_to_hf_names(model: torch.nn.Module, header: GGUFHeader) -> dict[str, st
                     mapping.setdefault(key, hf_name)
                 break
     return mapping
-
-
-def open_gguf(
-    path: str | os.PathLike[str],
-    *,
-    dtype: str | torch.dtype | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> Any:
-    """Open a ``.gguf`` file as an empty-weight model for planning (see the module docs).
-
-    Args:
-        path: the GGUF file.
-        dtype: the torch dtype planning counts floating weights in; ``None`` means the dtype
-            the conversion writes (``bfloat16``).
-        progress: called with each stage of ``intake.OPEN_STAGES`` as it starts.
-
-    Returns:
-        An ``OpenedModel`` with ``gguf`` set to the header, ``checkpoint`` ``None`` (the file
-        is not loadable as it is) and a tree whose ``stored_nbytes`` are the GGUF's bytes.
-
-    Raises:
-        ModelSourceError: not a GGUF, a corrupt header, or an architecture transformers
-            cannot convert.
-    """
-    import time
-
-    from workbench.models.intake import (
-        OPEN_STAGES,
-        OpenedModel,
-        _tied_aliases,
-        _tree_for,
-        build_config,
-        build_empty_model,
-    )
-
-    stage = progress or (lambda _: None)
-    planning = parse_dtype(dtype) or CONVERTED_DTYPE
-    stage(OPEN_STAGES[0])
-    header = read_gguf_header(path)
-    data = gguf_config_dict(header, planning if planning.is_floating_point else CONVERTED_DTYPE)
-    wait_for_warm_up()
-    config = build_config(data, header.path)
-    stage(OPEN_STAGES[1])
-    start = time.perf_counter()
-    model, class_name = build_empty_model(config, header.path)
-    build_s = time.perf_counter() - start
-    stage(OPEN_STAGES[3])
-    names = gguf_to_hf_names(model, header)
-    by_name = {t.name: t for t in header.tensors}
-    stored = {hf: by_name[g].stored_nbytes for g, hf in names.items()}
-    no_split = sorted(getattr(model, "_no_split_modules", None) or [])
-    tree = _tree_for(model, None, planning, no_split, stored)
-    unmapped = sorted(set(by_name) - set(names))
-    if unmapped:
-        logger.warning(
-            "%s: %d GGUF tensors have no place in %s: %s",
-            header.path,
-            len(unmapped),
-            class_name,
-            ", ".join(unmapped[:5]),
-        )
-    tied = {name for group in tree.tied_groups for name in group}
-    expected = set(model.state_dict(keep_vars=True))
-    missing = sorted(name for name in expected - set(stored) if name not in tied)
-    return OpenedModel(
-        source=os.fspath(path),
-        config=config,
-        model=model,
-        checkpoint=None,
-        no_split_modules=no_split,
-        tied_groups=tree.tied_groups,
-        declared_dtype=planning,
-        tree=tree,
-        config_path=None,
-        model_class=class_name,
-        planning_dtype=planning,
-        tied_weight_keys=_tied_aliases(tree),
-        missing_keys=missing,
-        unexpected_keys=unmapped,
-        build_s=build_s,
-        gguf=header,
-        gguf_nbytes=stored,
-    )

@@ -37,8 +37,10 @@ import numpy as np
 import torch
 
 from workbench.big_modeling.atomic import atomic_write_text
+from workbench.big_modeling.dtypes import dtype_name
 from workbench.big_modeling.errors import LoadCancelled
-from workbench.models.demo import make_readable
+from workbench.big_modeling.loading.writer import save_sharded_checkpoint
+from workbench.models.cache_dirs import make_readable, workbench_cache_dir
 from workbench.models.errors import ModelSourceError
 from workbench.models.gguf import (
     CONVERTED_DTYPE,
@@ -48,6 +50,7 @@ from workbench.models.gguf import (
     gguf_to_hf_names,
     read_gguf_header,
 )
+from workbench.models.intake import build_empty_model
 from workbench.models.warmup import wait_for_warm_up
 
 logger = logging.getLogger(__name__)
@@ -88,9 +91,7 @@ class ConvertProgress:
 
 def gguf_cache_root(cache_root: str | os.PathLike[str] | None = None) -> Path:
     """Where converted folders live: ``<workbench cache>/gguf``."""
-    from workbench.models.demo import demo_cache_root
-
-    return Path(cache_root) if cache_root is not None else demo_cache_root() / "gguf"
+    return Path(cache_root) if cache_root is not None else workbench_cache_dir() / "gguf"
 
 
 def file_sha256(
@@ -171,7 +172,7 @@ def convert_gguf(
         atomic_write_text(
             staging / SOURCE_RECORD,
             json.dumps(
-                {"file": source.name, "sha256": digest, "dtype": _dtype_name(dtype)}, indent=2
+                {"file": source.name, "sha256": digest, "dtype": dtype_name(dtype)}, indent=2
             )
             + "\n",
         )
@@ -194,9 +195,6 @@ def _convert_into(
     report: Callable[[ConvertProgress], None],
     cancel: Cancellable | None,
 ) -> None:
-    from workbench.big_modeling.shards import save_sharded_checkpoint
-    from workbench.models.intake import build_empty_model
-
     _check(cancel)
     report(ConvertProgress(CONVERT_STAGES[1]))
     wait_for_warm_up()
@@ -225,7 +223,7 @@ def _convert_into(
 
 
 def _transformers_config(header: GGUFHeader, dtype: torch.dtype) -> Any:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 (transformers is heavy)
 
     try:
         config = AutoConfig.from_pretrained(
@@ -263,8 +261,11 @@ def _convert_tensors(
     report: Callable[[ConvertProgress], None],
     cancel: Cancellable | None,
 ) -> dict[str, torch.Tensor]:
-    from gguf import GGMLQuantizationType, dequantize
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+    from gguf import GGMLQuantizationType, dequantize  # noqa: PLC0415 (gguf imports numpy kernels; only when converting)
+    from transformers.modeling_gguf_pytorch_utils import (  # noqa: PLC0415 (transformers is heavy)
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+    )
 
     config_dict = model.config.to_dict()
     processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config_dict)
@@ -327,7 +328,7 @@ def _write_config(staging: Path, config: Any, class_name: str, dtype: torch.dtyp
     data.pop("quantization_config", None)
     data.pop("_name_or_path", None)
     data["architectures"] = [class_name]
-    data["dtype"] = _dtype_name(dtype)
+    data["dtype"] = dtype_name(dtype)
     atomic_write_text(staging / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     generation = {
         key: data[key]
@@ -340,7 +341,7 @@ def _write_config(staging: Path, config: Any, class_name: str, dtype: torch.dtyp
 
 
 def _write_tokenizer(staging: Path, header: GGUFHeader) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (transformers is heavy)
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(
@@ -352,10 +353,6 @@ def _write_tokenizer(staging: Path, header: GGUFHeader) -> None:
             f"{type(exc).__name__}: {exc}"
         ) from exc
     tokenizer.save_pretrained(str(staging))
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _check(cancel: Cancellable | None) -> None:

@@ -262,8 +262,8 @@ def _bounded_reader_class() -> type[GGUFReader]:
     is set) the reader only maps tensor data, which this module never reads: a tensor past the
     end gets a zero-stride stand-in so the table completes, and ``_cached_header`` names it.
     """
-    import numpy as np
-    from gguf import GGUFReader
+    import numpy as np  # noqa: PLC0415 (numpy only when a header is read)
+    from gguf import GGUFReader  # noqa: PLC0415 (gguf is slow to import)
 
     class BoundedGGUFReader(GGUFReader):
         def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
@@ -280,7 +280,7 @@ def _bounded_reader_class() -> type[GGUFReader]:
 
 def _field_value(reader_field: ReaderField) -> tuple[Any, int | None]:
     """A header field's value (long arrays as ``"<n items>"``) and, for arrays, their length."""
-    from gguf import GGUFValueType
+    from gguf import GGUFValueType  # noqa: PLC0415 (gguf is slow to import)
 
     kind = reader_field.types[0] if reader_field.types else None
     if kind == GGUFValueType.ARRAY:

@@ -35,15 +35,19 @@ import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import psutil
+import torch
 
 from workbench.big_modeling.devices import device_sort_key, normalize_device
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.json_files import read_json
-from workbench.big_modeling.sizes import convert_file_size_to_int
+from workbench.big_modeling.planning.sizes import convert_file_size_to_int
 from workbench.models.errors import ProfileError
+from workbench.resources import resources_root
 
 logger = logging.getLogger(__name__)
 
@@ -199,8 +203,6 @@ def user_profiles_dir() -> Path:
 
 
 def bundled_profiles_dir() -> Path:
-    from workbench.resources import resources_root
-
     return resources_root() / "hardware"
 
 
@@ -269,9 +271,6 @@ def detect_hardware(offload_folder: str | os.PathLike[str] | None = None) -> Har
     """Describe this machine: each CUDA device (total and free), CPU RAM, and the free disk
     where ``offload_folder`` (default: ``default_offload_root()``) lives; the disk's name says
     which path was measured. Bandwidths are typical values, not measurements."""
-    import psutil
-    import torch
-
     devices: list[DeviceSpec] = []
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
@@ -426,8 +425,6 @@ def profile_for_budgets(
     100 TFLOP/s, 1000 GB/s GPU; the default CPU). Used to predict speed for ``--max-memory``
     plans on hardware this machine does not have.
     """
-    from dataclasses import replace
-
     devices = []
     for device, nbytes in budgets.items():
         canonical = normalize_device(device)

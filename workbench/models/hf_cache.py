@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub.constants import HF_HUB_CACHE
+
 from workbench.models.errors import ModelSourceError
 
 HF_CACHE_PREFIX = "hf-cache:"
@@ -48,8 +50,6 @@ def hub_cache_dir() -> Path:
     home = os.environ.get("HF_HOME")
     if home:
         return Path(home).expanduser() / "hub"
-    from huggingface_hub.constants import HF_HUB_CACHE
-
     return Path(HF_HUB_CACHE)
 
 
@@ -59,8 +59,8 @@ def list_cached_models(cache_dir: str | os.PathLike[str] | None = None) -> list[
     Args:
         cache_dir: the hub cache folder; default ``HF_HUB_CACHE`` / ``~/.cache/huggingface/hub``.
     """
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
+    from huggingface_hub import scan_cache_dir  # noqa: PLC0415 (scanning support imports slowly)
+    from huggingface_hub.errors import CacheNotFound  # noqa: PLC0415 (with scan_cache_dir)
 
     if cache_dir is None:
         cache_dir = hub_cache_dir()

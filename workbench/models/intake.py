@@ -1,6 +1,7 @@
 """Open a model from what the user has: a ``config.json``, a Hugging Face-format folder, a model
-in the local Hugging Face cache (``hf-cache:org/name``), or a bundled config by name
-(``llama-3.1-70b``). Never touches the network.
+in the local Hugging Face cache (``hf-cache:org/name``), a bundled config by name
+(``llama-3.1-70b``) or a ``.gguf`` file (for planning; ``open_gguf``). Never touches the
+network.
 
 The model is built by transformers under our ``init_empty_weights``, so it costs no RAM for
 weights. When the folder holds weights, sizes and dtypes come from the checkpoint's headers.
@@ -26,11 +27,20 @@ from typing import Any
 
 import torch
 
+from workbench.big_modeling.dtypes import parse_dtype
+from workbench.big_modeling.empty_init import init_empty_weights, skip_on_meta
 from workbench.big_modeling.json_files import read_json
+from workbench.big_modeling.loading.index import CheckpointIndex
 from workbench.models.catalog import bundled_config_path, is_bundled_name
 from workbench.models.config_checks import check_config_structure
-from workbench.models.dtypes import parse_dtype
 from workbench.models.errors import ModelSourceError
+from workbench.models.gguf import (
+    CONVERTED_DTYPE,
+    gguf_config_dict,
+    gguf_to_hf_names,
+    is_gguf_path,
+    read_gguf_header,
+)
 from workbench.models.hf_cache import HF_CACHE_PREFIX, resolve_cached_model
 from workbench.models.tree import ModuleTree, build_module_tree
 from workbench.models.warmup import wait_for_warm_up
@@ -225,8 +235,6 @@ def open_model(
             fields, or transformers failing to build the class (named).
         CheckpointError: a corrupt or incomplete checkpoint in the folder.
     """
-    from workbench.models.gguf import is_gguf_path, open_gguf
-
     if is_gguf_path(source) and not Path(source).expanduser().is_dir():
         return open_gguf(Path(source).expanduser(), dtype=dtype, progress=progress)
     stage = progress or (lambda _: None)
@@ -243,8 +251,6 @@ def open_model(
     build_s = time.perf_counter() - start
     checkpoint = None
     if folder is not None and _has_weights(folder):
-        from workbench.big_modeling.checkpoint import CheckpointIndex
-
         stage(OPEN_STAGES[2])
         checkpoint = CheckpointIndex.from_path(folder)
     no_split = sorted(getattr(model, "_no_split_modules", None) or [])
@@ -279,6 +285,88 @@ def open_model(
     )
 
 
+def open_gguf(
+    path: str | os.PathLike[str],
+    *,
+    dtype: str | torch.dtype | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Any:
+    """Open a ``.gguf`` file as an empty-weight model for planning.
+
+    The tree counts each tensor's GGUF bytes as ``stored_nbytes`` and the bytes once converted
+    to a torch dtype (``bfloat16`` by default) as ``nbytes``, so planning works from the header
+    alone. Loading needs the file converted first
+    (``workbench.models.gguf_convert.convert_gguf``; the load job does it).
+
+    Args:
+        path: the GGUF file.
+        dtype: the torch dtype planning counts floating weights in; ``None`` means the dtype
+            the conversion writes (``bfloat16``).
+        progress: called with each stage of ``OPEN_STAGES`` as it starts.
+
+    Returns:
+        An ``OpenedModel`` with ``gguf`` set to the header, ``checkpoint`` ``None`` (the file
+        is not loadable as it is) and a tree whose ``stored_nbytes`` are the GGUF's bytes.
+
+    Raises:
+        ModelSourceError: not a GGUF, a corrupt header, or an architecture transformers
+            cannot convert.
+
+    Example:
+        >>> opened = open_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
+        >>> opened.tree.root.stored_nbytes, opened.tree.root.nbytes  # Q4_1/Q8_0 file, bf16 model
+        (96577024, 269030144)
+    """
+    stage = progress or (lambda _: None)
+    planning = parse_dtype(dtype) or CONVERTED_DTYPE
+    stage(OPEN_STAGES[0])
+    header = read_gguf_header(path)
+    data = gguf_config_dict(header, planning if planning.is_floating_point else CONVERTED_DTYPE)
+    wait_for_warm_up()
+    config = build_config(data, header.path)
+    stage(OPEN_STAGES[1])
+    start = time.perf_counter()
+    model, class_name = build_empty_model(config, header.path)
+    build_s = time.perf_counter() - start
+    stage(OPEN_STAGES[3])
+    names = gguf_to_hf_names(model, header)
+    by_name = {t.name: t for t in header.tensors}
+    stored = {hf: by_name[g].stored_nbytes for g, hf in names.items()}
+    no_split = sorted(getattr(model, "_no_split_modules", None) or [])
+    tree = _tree_for(model, None, planning, no_split, stored)
+    unmapped = sorted(set(by_name) - set(names))
+    if unmapped:
+        logger.warning(
+            "%s: %d GGUF tensors have no place in %s: %s",
+            header.path,
+            len(unmapped),
+            class_name,
+            ", ".join(unmapped[:5]),
+        )
+    tied = {name for group in tree.tied_groups for name in group}
+    expected = set(model.state_dict(keep_vars=True))
+    missing = sorted(name for name in expected - set(stored) if name not in tied)
+    return OpenedModel(
+        source=os.fspath(path),
+        config=config,
+        model=model,
+        checkpoint=None,
+        no_split_modules=no_split,
+        tied_groups=tree.tied_groups,
+        declared_dtype=planning,
+        tree=tree,
+        config_path=None,
+        model_class=class_name,
+        planning_dtype=planning,
+        tied_weight_keys=_tied_aliases(tree),
+        missing_keys=missing,
+        unexpected_keys=unmapped,
+        build_s=build_s,
+        gguf=header,
+        gguf_nbytes=stored,
+    )
+
+
 def read_config(config_path: Path) -> dict[str, Any]:
     """Return the JSON object in ``config_path``.
 
@@ -310,7 +398,7 @@ def build_config(data: dict[str, Any], config_path: Path) -> Any:
         ModelSourceError: no or unknown ``model_type`` (with close names), missing required
             fields, or values transformers rejects.
     """
-    from transformers import CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING  # noqa: PLC0415 (transformers is heavy)
 
     model_type = data.get("model_type")
     if not model_type:
@@ -349,10 +437,8 @@ def _transformers_init_skips_meta() -> Iterator[None]:
     (``transformers.initialization.TORCH_INIT_FUNCTIONS``), out of reach of the engine's
     meta skip; without this, initialising meta weights is ~80% of building a 405B model.
     (``no_init_weights`` would also skip weight tying, which the tree reports.)"""
-    from workbench.big_modeling.empty_init import skip_on_meta
-
     try:
-        from transformers import initialization
+        from transformers import initialization  # noqa: PLC0415 (transformers is heavy)
     except ImportError:  # older transformers call torch.nn.init directly
         yield
         return
@@ -378,9 +464,7 @@ def build_empty_model(config: Any, config_path: Path | None = None) -> tuple[tor
     Raises:
         ModelSourceError: naming the class transformers could not build and why.
     """
-    import transformers
-
-    from workbench.big_modeling.empty_init import init_empty_weights
+    import transformers  # noqa: PLC0415 (transformers is heavy)
 
     architectures = getattr(config, "architectures", None) or []
     candidates: list[Any] = []

@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from workbench.big_modeling.devices import normalize_device
+from workbench.big_modeling.device_map.value import DeviceMap
 from workbench.big_modeling.errors import DeviceMapError
 from workbench.models.hardware import HardwareProfile
 from workbench.models.tree import ModuleNode, ModuleTree
@@ -167,7 +167,7 @@ def predict_speed(
             profile does not have.
     """
     tree = opened_or_tree if isinstance(opened_or_tree, ModuleTree) else opened_or_tree.tree
-    placement = {name: normalize_device(device) for name, device in device_map.items()}
+    placement = DeviceMap.of(device_map)
     missing_devices = sorted(
         {str(d) for d in placement.values() if d != "meta" and not profile.has_device(d)}
     )
@@ -189,7 +189,7 @@ def predict_speed(
             nbytes = tree.tensor_nbytes.get(tensor_name)
             if nbytes is None:  # a tied alias: counted under its first name
                 continue
-            tier = _lookup(placement, tensor_name)
+            tier = placement.device_for(tensor_name)
             if tier is None:
                 uncovered.append(tensor_name)
                 continue
@@ -299,14 +299,3 @@ def _param_count(unit: ModuleNode, tree: ModuleTree) -> int:
         return unit.param_count
     direct = unit.param_count - sum(child.param_count for child in unit.children)
     return max(direct, 0)
-
-
-def _lookup(placement: Mapping[str, int | str], tensor_name: str) -> int | str | None:
-    """Return the device of the longest map key that is ``tensor_name`` or a prefix of it."""
-    name = tensor_name
-    while True:
-        if name in placement:
-            return placement[name]
-        if not name:
-            return None
-        name = name.rpartition(".")[0]

@@ -80,7 +80,14 @@ SPECIAL_TOKENS = {
 
 def build_demo_tokenizer(arch: str = "llama", vocab_size: int = DEMO_VOCAB_SIZE):
     """Train and return a ``tokenizers.Tokenizer`` (byte-level BPE) for ``arch``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (  # noqa: PLC0415 (only when a demo tokenizer is trained)
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     special = SPECIAL_TOKENS[arch]
     tokenizer = Tokenizer(models.BPE(unk_token=special.unk))

@@ -39,7 +39,7 @@ def wait_for_warm_up() -> None:
 
 def _import() -> None:
     try:
-        import transformers
+        import transformers  # noqa: PLC0415 (the warm-up imports it on a thread, on purpose)
 
         _ = (transformers.CONFIG_MAPPING, transformers.AutoModelForCausalLM)
         _ = (transformers.LlamaConfig, transformers.LlamaForCausalLM)  # the bundled demo's

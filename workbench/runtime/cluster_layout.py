@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.reserve import estimate_activation_reserve
+from workbench.big_modeling.planning.activation_reserve import estimate_activation_reserve
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from workbench.big_modeling.dtypes import dtype_name
 from workbench.big_modeling.errors import BadInputError
 from workbench.models.cluster import ClusterProfile, GPUSpec, LinkSpec
 from workbench.models.speed import MEMORY_BANDWIDTH_UTILIZATION, MODEL_FLOPS_UTILIZATION
@@ -275,7 +276,7 @@ def plan_cluster(
         prompt_tokens=prompt,
         chunk_tokens=chunk_tokens,
         kv_cache_dtype=kv_cache_dtype,
-        weight_dtype=str(layout.weight_dtype).removeprefix("torch."),
+        weight_dtype=dtype_name(layout.weight_dtype),
         candidates=tuple(candidates),
         trace=tuple(trace),
     )

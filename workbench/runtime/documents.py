@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from workbench.big_modeling.device_map import FORMAT_NAME as MAP_FORMAT
+from workbench.big_modeling.device_map.files import FORMAT_NAME as MAP_FORMAT
 from workbench.big_modeling.devices import normalize_device
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.json_files import JsonFileError, read_json

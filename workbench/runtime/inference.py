@@ -25,6 +25,13 @@ from workbench.big_modeling.devices import to_torch_device
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
 from workbench.big_modeling.transfers import TransferEvent, recording_transfers
+from workbench.models.hardware import (
+    DETECTED_NAME,
+    detect_hardware,
+    load_profile,
+    profile_from_dict,
+)
+from workbench.models.speed import layer_unit_names, predict_speed
 from workbench.runtime.chat import chat_prompt, stop_token_ids
 from workbench.runtime.model_inputs import (
     SYNTHETIC_SEED,
@@ -106,8 +113,6 @@ def timed_module_names(loaded: Any) -> list[str]:
     """The modules whose compute is timed: the speed model's rows (``layer_unit_names``), so
     measured and predicted per-layer figures line up on every map. Without a module tree: the
     map's units, else the root's children."""
-    from workbench.models.speed import layer_unit_names
-
     tree = getattr(loaded.opened, "tree", None)
     names = [name for name in layer_unit_names(tree) if name] if tree is not None else []
     if names:
@@ -332,9 +337,6 @@ def predict_figures(
         prompt_tokens: the prompt length the TTFT is for; returned as ``"prompt_tokens"``.
     """
     try:
-        from workbench.models.hardware import detect_hardware, load_profile, profile_from_dict
-        from workbench.models.speed import predict_speed
-
         if isinstance(profile, Mapping):
             hardware = profile_from_dict(dict(profile))
         else:
@@ -355,8 +357,6 @@ def predict_figures(
 def hardware_name(profile: str | Mapping[str, Any] | None) -> str:
     """The name of the hardware a prediction with ``profile`` is for (``"detected"``: this
     machine)."""
-    from workbench.models.hardware import DETECTED_NAME
-
     if isinstance(profile, Mapping):
         return str(profile.get("name") or "custom")
     return str(profile) if profile else DETECTED_NAME

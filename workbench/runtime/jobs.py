@@ -8,6 +8,12 @@ load reports the phases building, loading, dispatching and ready. Jobs check the
 tokenizer (loading) and between tokens (generation). ``iter_job`` wraps a run as a generator
 of events.
 
+Developer extension point: a *load observer* (``JobRunner(emit, load_observer=...)``, or
+``WorkerHost(load_observer="module:function")`` for the worker process) sees every load's tensor
+count as it grows and may act on it, e.g. park the load at a known point (the tests' holds in
+``tests/job_holds.py``). It is called once per load with an ``ObservedLoad``; ``Load.options``
+reach it untouched, so it can take per-load parameters from there.
+
 Example:
     >>> runner = JobRunner(print)  # doctest: +SKIP
     >>> runner.run(Load(1, source="demo/", device_map={"": "cpu"}), CancelToken())
@@ -16,8 +22,10 @@ Example:
 from __future__ import annotations
 
 import gc
+import importlib
 import logging
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -45,7 +53,6 @@ from workbench.runtime.protocol import (
 logger = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 0.05  # ~20 Hz
-HOLD_LIMIT_S = 120.0  # a test hold never outlives a forgotten test
 
 
 @dataclass
@@ -64,7 +71,8 @@ class LoadedModel:
 class ProgressThrottle:
     """Turns engine ``LoadProgress`` reports into ``Progress`` events at most every 50 ms.
 
-    Phase changes and the final report always pass. Also counts tensors, for the test hold.
+    Phase changes and the final report always pass. Also counts the tensors reported, and calls
+    ``on_tensor`` with that count after every report (a load observer's callback).
     """
 
     def __init__(
@@ -152,6 +160,49 @@ class JobTrace:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ObservedLoad:
+    """What a load observer is given when a load starts loading tensors.
+
+    Attributes:
+        request: the load (its ``options`` as the host sent them).
+        token: the load's cancel token.
+        emit: sends an event to the host, like the job's own events.
+        flush_progress: sends the latest progress report now, past the throttle.
+    """
+
+    request: Load
+    token: CancelToken
+    emit: Callable[[Event], None]
+    flush_progress: Callable[[], None]
+
+
+#: Called once per load; returns a callable that receives the count of tensors loaded so far
+#: after every progress report (on the loading thread), or None to watch nothing.
+LoadObserver = Callable[[ObservedLoad], Callable[[int], None] | None]
+
+
+def import_load_observer(spec: str) -> LoadObserver:
+    """The load observer named by ``spec``, ``"package.module:function"``.
+
+    The module is imported with the current ``sys.path`` (a spawned worker starts with its
+    host's).
+
+    Raises:
+        ValueError: when ``spec`` is not ``module:function``.
+        ImportError: when the module cannot be imported.
+        AttributeError: when the module has no such function.
+        TypeError: when what it names is not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"load observer {spec!r}: expected 'module:function'")
+    observer = getattr(importlib.import_module(module_name), attr)
+    if not callable(observer):
+        raise TypeError(f"load observer {spec!r} is not callable")
+    return observer
+
+
 def _failure(request: Request, exc: Exception, trace: JobTrace) -> Failed:
     """The ``Failed`` event for ``exc``: its category, a message, and details to act on."""
     where = trace.describe()
@@ -170,10 +221,15 @@ class JobRunner:
 
     Args:
         emit: receives every event; called on the thread that calls ``run``.
+        load_observer: called once per load with an ``ObservedLoad`` (see the module
+            docstring); default none.
     """
 
-    def __init__(self, emit: Callable[[Event], None]) -> None:
+    def __init__(
+        self, emit: Callable[[Event], None], *, load_observer: LoadObserver | None = None
+    ) -> None:
         self.emit = emit
+        self.load_observer = load_observer
         self.loaded: LoadedModel | None = None
 
     def run(self, request: Request, token: CancelToken) -> Event:
@@ -191,7 +247,7 @@ class JobRunner:
         try:
             if isinstance(request, Load):
                 self.unload()
-                self.loaded = load_model(request, token, emit)
+                self.loaded = load_model(request, token, emit, observer=self.load_observer)
                 final: Event = Result(request.request_id, "load", self.loaded.summary)
             elif isinstance(request, Unload):
                 self.unload()
@@ -202,11 +258,11 @@ class JobRunner:
                         f"cannot {request.kind}: no model is loaded; load one first"
                     )
                 if isinstance(request, Infer):
-                    from workbench.runtime.inference import run_inference
+                    from workbench.runtime.inference import run_inference  # noqa: PLC0415 (torch; the GUI imports jobs)
 
                     value: Any = run_inference(self.loaded, request, token, emit)
                 else:
-                    from workbench.runtime.verify import run_verify
+                    from workbench.runtime.verify import run_verify  # noqa: PLC0415 (torch; the GUI imports jobs)
 
                     value = run_verify(self.loaded, request, token, emit)
                 final = Result(request.request_id, request.kind, value)
@@ -227,8 +283,6 @@ class JobRunner:
             return
         self.loaded = None
         gc.collect()
-        import sys
-
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -268,36 +322,44 @@ def iter_job(runner: JobRunner, request: Request, token: CancelToken) -> Iterato
 # ------------------------------------------------------------------------------------------
 
 
-def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None]) -> LoadedModel:
+def load_model(
+    request: Load,
+    token: CancelToken,
+    emit: Callable[[Event], None],
+    *,
+    observer: LoadObserver | None = None,
+) -> LoadedModel:
     """Open ``request.source``, build it empty, load its checkpoint and dispatch it.
 
     Phases (as ``Phase`` events and in ``Progress.phase``): building, loading, dispatching
     (hooks, then the tokenizer), ready. The cancel token is checked while the model is built,
-    between tensors, before dispatch and before the tokenizer load.
+    between tensors, before dispatch and before the tokenizer load. ``observer`` is called when
+    the tensors start loading (see ``LoadObserver``).
 
     Raises:
         LoadCancelled: when ``token`` is cancelled.
         BadInputError: for a source without a checkpoint, a bad map, a corrupt checkpoint.
     """
-    from workbench.big_modeling import dispatch_model, load_checkpoint_in_model
-    from workbench.big_modeling.devices import check_devices_available
-    from workbench.big_modeling.load_plan import normalize_device_map
-    from workbench.models.gguf import is_gguf_path
+    from workbench.big_modeling import dispatch_model, load_checkpoint_in_model  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.big_modeling.device_map.value import normalize_device_map  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.big_modeling.devices import check_devices_available  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.big_modeling.dtypes import parse_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.models.gguf import is_gguf_path  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     check_devices_available(request.device_map)  # before the build: cuda:99, mps, meta named
     rid = request.request_id
     start_s = time.perf_counter()
-    dtype = _torch_dtype(request.dtype)
+    dtype = parse_dtype(request.dtype)
     emit(Phase(rid, "building"))  # read the config, build the empty model
     source = request.source
     if is_gguf_path(source):  # convert for loading: once per file, cached by its hash
-        from workbench.models.gguf_convert import convert_gguf
+        from workbench.models.gguf_convert import convert_gguf  # noqa: PLC0415 (transformers: only when a job needs it)
 
         source = str(convert_gguf(source, cancel=token))
     opened = open_model_cancellable(source, dtype, token)
     record = request.options.get("model_record")  # a wrapped map's fingerprint
     if record:
-        from workbench.big_modeling.device_map import check_model_record
+        from workbench.big_modeling.device_map.files import check_model_record  # noqa: PLC0415 (torch; the GUI imports jobs)
 
         check_model_record(record, opened.model, source=request.options.get("map_file", "map"))
     if opened.checkpoint is None:
@@ -309,7 +371,8 @@ def load_model(request: Load, token: CancelToken, emit: Callable[[Event], None])
     emit(Progress(rid, 0, total, phase="building"))
     emit(Phase(rid, "loading"))
     throttle = ProgressThrottle(emit, rid)
-    throttle.on_tensor = _make_hold(request, token, emit, before=throttle.flush)
+    if observer is not None:
+        throttle.on_tensor = observer(ObservedLoad(request, token, emit, throttle.flush))
 
     def progress(report: LoadProgress) -> None:
         throttle(report)
@@ -369,7 +432,7 @@ def open_model_cancellable(source: str, dtype: Any, token: CancelToken) -> Any:
     Raises:
         LoadCancelled: when ``token`` is cancelled before the model is built.
     """
-    from workbench.models import open_model
+    from workbench.models import open_model  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     token.raise_if_cancelled()
     done = threading.Event()
@@ -395,55 +458,6 @@ def open_model_cancellable(source: str, dtype: Any, token: CancelToken) -> Any:
     return outcome["opened"]
 
 
-def _make_hold(
-    request: Load,
-    token: CancelToken,
-    emit: Callable[[Event], None],
-    *,
-    before: Callable[[], None] = lambda: None,
-) -> Callable[[int], None] | None:
-    """Test hook: after ``hold_after_tensors`` tensors, wait for cancel (or forever).
-
-    ``before`` runs just before the wait (the progress throttle's flush, so the GUI shows how
-    far the load got rather than the last report that passed the throttle).
-    """
-    after = request.options.get("hold_after_tensors")
-    if after is None:
-        return None
-    ignore_cancel = bool(request.options.get("ignore_cancel"))
-    state = {"held": False}
-
-    def hold(tensors_seen: int) -> None:
-        if state["held"] or tensors_seen < int(after):
-            return
-        state["held"] = True
-        before()
-        emit(Phase(request.request_id, "held"))
-        waiter = threading.Event() if ignore_cancel else _token_event(token)
-        if not waiter.wait(HOLD_LIMIT_S):
-            logger.warning("test hold released after %.0f s without a cancel", HOLD_LIMIT_S)
-
-    return hold
-
-
-def _token_event(token: CancelToken) -> threading.Event:
-    event = getattr(token, "_event", None)  # CancelToken keeps a threading.Event
-    if isinstance(event, threading.Event):
-        return event
-    raise TypeError("hold_after_tensors needs a workbench CancelToken")
-
-
-def _torch_dtype(name: str | None) -> Any:
-    if name is None:
-        return None
-    import torch
-
-    dtype = getattr(torch, str(name).replace("torch.", ""), None)
-    if not isinstance(dtype, torch.dtype):
-        raise BadInputError(f"unknown dtype {name!r}; use float32, float16 or bfloat16")
-    return dtype
-
-
 def _checkpoint_path(opened: Any) -> str:
     """The path the engine loads from: the checkpoint index's own path, else the source."""
     folder = getattr(opened, "folder", None)
@@ -465,7 +479,7 @@ def _load_tokenizer(opened: Any) -> Any:
     if not any((folder / name).exists() for name in names):
         return None
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: PLC0415 (transformers: only when a job needs it)
 
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as exc:  # a broken tokenizer must not fail the load: synthetic input
@@ -486,7 +500,7 @@ def is_causal_lm(model: Any) -> bool:
 
 
 def _nbytes_by_device(opened: Any, device_map: dict[str, int | str]) -> dict[str, int]:
-    from workbench.big_modeling.devices import device_label
+    from workbench.big_modeling.devices import device_label  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     sizes: dict[str, int] = {}
     tree = getattr(opened, "tree", None)

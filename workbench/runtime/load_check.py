@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.big_modeling.device_map.coverage import resolve_device_map
+from workbench.big_modeling.devices import check_devices_available
 from workbench.big_modeling.errors import DeviceMapError
 
 
@@ -74,8 +76,6 @@ def check_map(model: Any, device_map: Mapping[str, object]) -> tuple[str, ...]:
     last_key, last_model, last_problems = _last_map_check  # one read: threads share it
     if last_key == key and last_model() is model:
         return last_problems  # a refresh without a map change (budgets, profile) is free
-    from workbench.big_modeling.device_map import resolve_device_map
-
     problems: tuple[str, ...] = ()
     try:
         # the strict check (check_device_map only warns about unknown names, as the reference)
@@ -92,8 +92,6 @@ _last_map_check: tuple[Any, Any, tuple[str, ...]] = (None, lambda: None, ())
 
 def check_devices(device_map: Mapping[str, object]) -> tuple[str, ...]:
     """Return why this machine cannot hold ``device_map``'s devices (empty when it can)."""
-    from workbench.big_modeling.devices import check_devices_available
-
     try:
         check_devices_available(dict(device_map))  # type: ignore[arg-type]
     except DeviceMapError as exc:

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from workbench.big_modeling.errors import OffloadError
+from workbench.models.hardware import OFFLOAD_DIR_ENV, default_offload_root
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ def offload_root(root: str | os.PathLike[str] | None) -> Path:
     measured)."""
     if root is not None:
         return Path(root)
-    from workbench.models.hardware import default_offload_root
-
     return default_offload_root()
 
 
@@ -58,8 +57,6 @@ def new_offload_folder(root: str | os.PathLike[str] | None, pid: int | None = No
 
 
 def _cannot_create_message(base: Path, root: object, exc: OSError) -> str:
-    from workbench.models.hardware import OFFLOAD_DIR_ENV
-
     reason = exc.strerror or str(exc)
     if root is not None:
         chosen = "the offload root given to the worker host"

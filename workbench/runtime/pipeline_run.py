@@ -31,11 +31,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.json_files import read_json
+from workbench.big_modeling.loading.api import load_checkpoint_in_model
+from workbench.models.cluster import cluster_from_dict
+from workbench.models.intake import open_model
+from workbench.runtime.cluster_layout import ModelLayout
+from workbench.runtime.cluster_plan import plan_cluster
 
 RESULT_NAME = "stage{rank}.json"
 LOGITS_NAME = "first_logits.safetensors"
@@ -152,7 +161,7 @@ class DecoderStage(nn.Module):
                 self.model.embed_tokens = base.embed_tokens  # the checkpoint stores it there
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
+        from transformers.masking_utils import create_causal_mask  # noqa: PLC0415 (transformers is heavy)
 
         hidden = self.model.embed_tokens(x) if self.is_first else x  # (B, T, C)
         position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
@@ -197,12 +206,6 @@ def planned_stages(
 ) -> tuple[StageSpec, ...]:
     """The cluster planner's partition for ``stages`` CPU processes on this machine, each with
     the planned bytes (weights + activations + the torch process overhead) of its stage."""
-    import psutil
-
-    from workbench.models.cluster import cluster_from_dict
-    from workbench.runtime.cluster_layout import ModelLayout
-    from workbench.runtime.cluster_plan import plan_cluster
-
     layout = ModelLayout.from_opened(opened)
     if not 1 <= stages <= layout.num_layers:
         raise BadInputError(
@@ -249,15 +252,10 @@ def free_port() -> int:
 
 
 def _rss() -> int:
-    import psutil
-
     return int(psutil.Process().memory_info().rss)
 
 
 def _load_stage(job: PipelineJob, spec: StageSpec) -> tuple[DecoderStage, Any, float]:
-    from workbench.big_modeling.loading import load_checkpoint_in_model
-    from workbench.models.intake import open_model
-
     opened = open_model(job.source)
     if opened.folder is None or not opened.has_weights:
         raise BadInputError(
@@ -274,7 +272,7 @@ def _load_stage(job: PipelineJob, spec: StageSpec) -> tuple[DecoderStage, Any, f
     start = time.perf_counter()
     # The other stages' tensors are skipped on purpose: drop the loader's "not used" log line
     # for this stage module (a *missing* tensor still warns).
-    load_log = logging.getLogger("workbench.big_modeling.load_plan")
+    load_log = logging.getLogger("workbench.big_modeling.loading.plan")
     log_filter = _SkippedOnPurpose()
     load_log.addFilter(log_filter)
     try:
@@ -294,9 +292,10 @@ class _SkippedOnPurpose(logging.Filter):
 
 def stage_main(local_rank: int, job: PipelineJob) -> None:
     """The body of one stage process (the spawn target)."""
-    import torch.distributed as dist
-    from safetensors.torch import save_file
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.pipelining import (  # noqa: PLC0415 (seconds to import; stage processes only)
+        PipelineStage,
+        ScheduleGPipe,
+    )
 
     rank = job.node_rank * job.local_stages + local_rank
     if job.master_addr in ("127.0.0.1", "localhost"):
@@ -381,8 +380,6 @@ def run_pipeline(
             ``max_new_tokens < 1``.
         torch.multiprocessing.ProcessRaisedException: a stage failed (its traceback).
     """
-    import torch.multiprocessing as mp
-
     if len(stages) % nnodes:
         raise BadInputError(f"{len(stages)} stages do not divide evenly over {nnodes} nodes")
     if not 0 <= node_rank < nnodes:
@@ -407,8 +404,6 @@ def run_pipeline(
 
 
 def _collect(result_dir: Path, job: PipelineJob) -> PipelineRunResult | None:
-    from safetensors.torch import load_file
-
     logits_path = result_dir / LOGITS_NAME
     if not logits_path.is_file():
         return None

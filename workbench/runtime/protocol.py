@@ -40,9 +40,9 @@ class Load(Request):
 
     ``offload_folder`` is the folder disk-offloaded weights go to; the host creates one per load
     and deletes it on cancel, unload, failure and worker death. ``options`` holds extras:
-    ``hold_after_tensors`` (int, tests: after that many tensors the load waits on the cancel
-    event instead of continuing, so a test can cancel or kill it at a known point),
-    ``ignore_cancel`` (bool, tests: the hold ignores cancel, so the host must terminate).
+    ``model_record`` (the fingerprint a wrapped map was made for, checked against the built
+    model) with ``map_file`` (the map's name in that check's message); every option also
+    reaches the worker's load observer untouched (see ``workbench.runtime.jobs``).
     """
 
     source: str = ""

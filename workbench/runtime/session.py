@@ -28,9 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from workbench.big_modeling.atomic import atomic_write_text
-from workbench.big_modeling.devices import normalize_device
+from workbench.big_modeling.device_map.value import normalize_device_map
+from workbench.big_modeling.devices import DeviceDict, normalize_device
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.sizes import convert_file_size_to_int
+from workbench.big_modeling.json_files import read_json
+from workbench.big_modeling.planning.sizes import convert_file_size_to_int
+from workbench.models import hardware
+from workbench.models.intake import open_model
 from workbench.runtime.model_context import ModelContext
 
 logger = logging.getLogger(__name__)
@@ -38,7 +42,6 @@ logger = logging.getLogger(__name__)
 SESSION_FORMAT = "workbench-session"
 SESSION_VERSION = 1
 
-DeviceMap = dict[str, int | str]
 
 
 class SessionFileError(BadInputError):
@@ -86,7 +89,7 @@ class Session:
         self.source: str | None = source
         self.context: ModelContext | None = None  # everything derived from the opened model
         self._generation = 0
-        self.device_map: DeviceMap = _normalize_map(device_map or {})
+        self.device_map: DeviceDict = _normalize_map(device_map or {})
         self.budgets: dict[int | str, int] = _normalize_budgets(budgets or {})
         self.reserve: int = int(reserve)
         self.planner_options: dict[str, Any] = dict(planner_options or {})
@@ -176,14 +179,12 @@ class Session:
         """
         if not self.source:
             raise BadInputError("the session has no model source; open a config.json or folder")
-        from workbench.models import open_model
-
         self.set_opened(open_model(self.source, dtype=self.dtype))
         return self.opened
 
     # -- edits (each one an undo step in the GUI) ------------------------------------------
 
-    def set_device_map(self, device_map: Mapping[str, object], *, reason: str = "") -> DeviceMap:
+    def set_device_map(self, device_map: Mapping[str, object], *, reason: str = "") -> DeviceDict:
         """Replace the device map; return the previous one (for undo)."""
         new_map = _normalize_map(device_map)
         with self._lock:
@@ -191,7 +192,7 @@ class Session:
         self._changed("device_map", reason, names=sorted(set(previous) ^ set(new_map)))
         return dict(previous)
 
-    def assign(self, names: list[str], device: object) -> DeviceMap:
+    def assign(self, names: list[str], device: object) -> DeviceDict:
         """Put modules ``names`` (and their subtrees) on ``device``; return the previous map.
 
         An entry of an ancestor that covered a name is split into that ancestor's other
@@ -214,7 +215,7 @@ class Session:
         self._changed("device_map", f"assign to {target}", names=names)
         return previous
 
-    def _split_covering_entry(self, device_map: DeviceMap, name: str) -> None:
+    def _split_covering_entry(self, device_map: DeviceDict, name: str) -> None:
         tree = self.tree
         covering = next(
             (k for k in sorted(device_map, key=len, reverse=True) if _is_under(name, k)), None
@@ -357,8 +358,6 @@ class Session:
             FileNotFoundError: when ``path`` does not exist.
             SessionFileError: when the file is not a valid session.
         """
-        from workbench.big_modeling.json_files import read_json
-
         target = Path(path)
         data = read_json(
             target,
@@ -406,10 +405,10 @@ def _is_under(name: str, prefix: str) -> bool:
     return prefix in ("", name) or name.startswith(prefix + ".")
 
 
-def _normalize_map(device_map: Mapping[str, object]) -> DeviceMap:
+def _normalize_map(device_map: Mapping[str, object]) -> DeviceDict:
     if not isinstance(device_map, Mapping):
         raise SessionFileError(f"a device map must be an object, got {type(device_map).__name__}")
-    return {str(k): normalize_device(v) for k, v in device_map.items()}  # type: ignore[arg-type]
+    return normalize_device_map(device_map)  # type: ignore[arg-type]
 
 
 def _normalize_budgets(budgets: Mapping[object, int]) -> dict[int | str, int]:
@@ -432,10 +431,6 @@ def _profile_to_json(profile: Any) -> Any:
 def _profile_from_json(value: Any) -> Any:
     """Rebuild a ``HardwareProfile``; falls back to the named profile, else ``None``."""
     if not value:
-        return None
-    try:
-        from workbench.models import hardware
-    except ImportError:
         return None
     data, name = value.get("data"), value.get("name")
     cls = getattr(hardware, "HardwareProfile", None)

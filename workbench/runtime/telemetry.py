@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -121,7 +122,7 @@ class _Nvml:
         self._handles: dict[int, object] = {}
         self._lib = None
         try:
-            import pynvml
+            import pynvml  # noqa: PLC0415 (optional; NVML only on GPU machines)
 
             pynvml.nvmlInit()
             self._lib = pynvml
@@ -170,7 +171,7 @@ def read_process_memory(status_path: str = _PROC_STATUS) -> tuple[int, int | Non
         text = b""
     rss = _status_bytes(text, b"VmRSS:")
     if rss is None:
-        import psutil
+        import psutil  # noqa: PLC0415 (only where /proc is missing)
 
         return int(psutil.Process().memory_info().rss), None
     return rss, _status_bytes(text, b"RssFile:")
@@ -195,7 +196,7 @@ def _status_bytes(text: bytes, key: bytes) -> int | None:
 def take_memory_sample(nvml: _Nvml | None = None) -> TelemetrySample:
     """Measure this process's RSS (and its file-backed part), the system's available RAM and
     each CUDA device now."""
-    import psutil
+    import psutil  # noqa: PLC0415 (kept off the GUI's import of the runtime)
 
     rss, file_backed = read_process_memory()
     available = psutil.virtual_memory().available
@@ -228,8 +229,6 @@ def _torch_if_cuda():  # type: ignore[no-untyped-def]
     of MiB of GPU memory): an idle worker stays light, and GPU series start with the first job
     that uses the GPU.
     """
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is None:
         return None

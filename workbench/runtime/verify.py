@@ -17,23 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
-from workbench.runtime.inference import execution_device
-from workbench.runtime.model_inputs import ModelInputs, accepts, prepare_inputs
-from workbench.runtime.protocol import Event, Phase, Verify, VerifyResult
+from workbench.runtime.inference import execution_device, generate_tokens
+from workbench.runtime.model_inputs import ModelInputs, prepare_inputs
+from workbench.runtime.protocol import Event, Phase, Sampling, Verify, VerifyResult
+from workbench.runtime.sampling import TokenPicker
+from workbench.runtime.verify_compare import compare_outputs, forward_kwargs, model_dtype
+from workbench.runtime.verify_layers import run_verify_layers
 
 logger = logging.getLogger(__name__)
-
-
-def model_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The floating dtype of the model's parameters (offloaded ones keep their dtype on meta)."""
-    for param in model.parameters():
-        if param.is_floating_point():
-            return param.dtype
-    return torch.float32
 
 
 def build_reference(loaded: Any) -> torch.nn.Module:
@@ -50,46 +46,11 @@ def build_reference(loaded: Any) -> torch.nn.Module:
     from_pretrained = getattr(cls, "from_pretrained", None)
     if from_pretrained is None:
         raise BadInputError(f"{cls.__name__} has no from_pretrained; cannot build a reference")
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 (transformers is heavy)
 
     hf_logging.disable_progress_bar()  # the worker reports phases; no tqdm on stderr
     reference = from_pretrained(str(folder), dtype=model_dtype(loaded.model), device_map=None)
     return reference.to("cpu").eval()
-
-
-def compare_outputs(
-    actual: torch.Tensor, expected: torch.Tensor, *, atol: float = 0.0, rtol: float = 0.0
-) -> VerifyResult:
-    """Compare two outputs: max absolute difference, and that relative to ``max|expected|``.
-
-    Example:
-        >>> compare_outputs(torch.ones(2), torch.ones(2)).exact
-        True
-    """
-    if actual.shape != expected.shape:
-        raise ValueError(f"output shapes differ: {tuple(actual.shape)} vs {tuple(expected.shape)}")
-    a = actual.detach().to("cpu", torch.float64)
-    b = expected.detach().to("cpu", torch.float64)
-    diff = (a - b).abs()
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    scale = float(b.abs().max()) if b.numel() else 0.0
-    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    worst = (
-        tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
-        if diff.numel()
-        else ()
-    )
-    finite = bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())
-    passed = finite and bool((diff <= atol + rtol * b.abs()).all())
-    return VerifyResult(
-        passed=passed,
-        max_abs_diff=max_abs,
-        max_rel_diff=max_rel,
-        exact=bool(torch.equal(actual.detach().cpu(), expected.detach().cpu())),
-        reference="cpu (transformers from_pretrained, no dispatch)",
-        output_shape=tuple(actual.shape),
-        worst_position=worst,
-    )
 
 
 def _logits(output: Any) -> torch.Tensor:
@@ -101,14 +62,6 @@ def _logits(output: Any) -> torch.Tensor:
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"cannot find the output tensor in {type(output).__name__}")
     return logits
-
-
-def forward_kwargs(model: torch.nn.Module, inputs: ModelInputs) -> dict[str, Any]:
-    """``inputs`` as keyword arguments, with ``use_cache=False`` where the forward takes it."""
-    kwargs: dict[str, Any] = dict(inputs.kwargs)
-    if accepts(model, "use_cache"):
-        kwargs["use_cache"] = False
-    return kwargs
 
 
 VERIFY_MODES = ("auto", "full", "layers")
@@ -140,8 +93,6 @@ def choose_mode(loaded: Any, mode: str) -> str:
         )
     if mode != "auto":
         return mode
-    import psutil
-
     available = psutil.virtual_memory().available
     return "full" if reference_nbytes(loaded) <= FULL_COPY_RAM_FRACTION * available else "layers"
 
@@ -157,9 +108,6 @@ def compare_greedy(
     """``result`` with ``steps`` greedy tokens of the dispatched model and of ``reference``
     compared token by token (each model continues its own text, so the first difference
     counts and the rest follow from it)."""
-    from workbench.runtime.inference import generate_tokens
-    from workbench.runtime.sampling import Sampling, TokenPicker
-
     ids = inputs.main
     with torch.inference_mode():
         dispatched = list(
@@ -196,8 +144,6 @@ def run_verify(
     """Run ``request``: the dispatched model and the CPU reference on the same input ids."""
     mode = choose_mode(loaded, request.mode)
     if mode == "layers":
-        from workbench.runtime.verify_layers import run_verify_layers
-
         return run_verify_layers(loaded, request, token, emit)
     rid = request.request_id
     inputs = prepare_inputs(loaded, request.prompt, request.synthetic_tokens)

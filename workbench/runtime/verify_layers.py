@@ -17,13 +17,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
+from workbench.models import open_model
 from workbench.runtime.inference import execution_device
 from workbench.runtime.model_inputs import ModelInputs, prepare_inputs
 from workbench.runtime.protocol import Event, Phase, Verify, VerifyResult
-from workbench.runtime.verify import compare_outputs, forward_kwargs, model_dtype
+from workbench.runtime.verify_compare import compare_outputs, forward_kwargs, model_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +117,6 @@ class _CheckpointTensors:
         return name in self._infos or name in self._aliases
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
         info = self._infos[self._aliases.get(name, name)]
         if not info.is_safetensors:
             raise BadInputError(
@@ -160,8 +160,6 @@ def run_verify_layers(
     loaded: Any, request: Verify, token: CancelToken, emit: Callable[[Event], None]
 ) -> VerifyResult:
     """Verify ``loaded`` unit by unit; the result names the unit with the largest difference."""
-    from workbench.models import open_model
-
     rid = request.request_id
     model = loaded.model
     blocks = set(getattr(loaded.opened, "no_split_modules", None) or [])

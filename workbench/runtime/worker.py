@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from workbench.big_modeling.devices import normalize_device
+from workbench.big_modeling.device_map.value import normalize_device_map
 from workbench.runtime.jobs import JobTrace
 from workbench.runtime.offload_folders import new_offload_folder, sweep_stale_offload_folders
 from workbench.runtime.protocol import (
@@ -59,6 +59,7 @@ from workbench.runtime.protocol import (
 )
 from workbench.runtime.telemetry import DEFAULT_SAMPLE_HZ, MemoryHistory, TransferHistory
 from workbench.runtime.worker_exit import exit_events, terminate
+from workbench.runtime.worker_main import worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class WorkerHost:
         history_capacity: samples kept in ``memory`` and events kept in ``transfers``.
         preload_imports: the worker imports torch/transformers/the engine as soon as it starts,
             so ``start()`` early (e.g. when the window opens) makes the first load faster.
+        load_observer: ``"module:function"`` of a load observer the worker imports and gives
+            its ``JobRunner`` (a developer extension point, see ``workbench.runtime.jobs``);
+            the worker starts with this process's ``sys.path``. Default none.
 
     Attributes:
         memory: ``MemoryHistory`` fed by the worker's telemetry samples.
@@ -98,10 +102,12 @@ class WorkerHost:
         offload_root: str | Path | None = None,
         history_capacity: int = 3000,
         preload_imports: bool = True,
+        load_observer: str | None = None,
     ) -> None:
         self._on_event = on_event
         self.sample_hz = sample_hz
         self.preload_imports = preload_imports
+        self.load_observer = load_observer
         self.cancel_grace_s = cancel_grace_s
         self.offload_root = None if offload_root is None else Path(offload_root)
         self.memory = MemoryHistory(history_capacity)
@@ -168,8 +174,6 @@ class WorkerHost:
             if self._process is not None:
                 return
             sweep_stale_offload_folders(self.offload_root)
-            from workbench.runtime.worker_main import worker_main
-
             req_recv, req_send = self._ctx.Pipe(duplex=False)
             ev_recv, ev_send = self._ctx.Pipe(duplex=False)
             process = self._ctx.Process(
@@ -180,6 +184,7 @@ class WorkerHost:
                     self.sample_hz,
                     logging.getLogger().level,
                     self.preload_imports,
+                    self.load_observer,
                 ),
                 name="workbench-worker",
                 daemon=True,
@@ -215,7 +220,7 @@ class WorkerHost:
             OffloadError: when the offload folder cannot be created (the message says where and
                 how to choose another root); no worker is started for it.
         """
-        clean_map = {str(k): normalize_device(v) for k, v in device_map.items()}  # type: ignore[arg-type]
+        clean_map = normalize_device_map(device_map)  # type: ignore[arg-type]
         with self._lock:
             self._require_no_job("load")
             self._remove_offload_folder()

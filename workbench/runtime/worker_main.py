@@ -20,6 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from workbench.big_modeling.progress import CancelToken
+from workbench.runtime.jobs import JobRunner, import_load_observer
 from workbench.runtime.protocol import (
     Cancel,
     Event,
@@ -140,10 +141,10 @@ class _Listener:
 def _preload() -> None:
     """Import what a load needs (torch, transformers, the engine) before the first request."""
     try:
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401, PLC0415 (preloading is the point: off the first request's path)
 
-        import workbench.big_modeling.loading
-        import workbench.models.intake  # noqa: F401
+        import workbench.big_modeling.loading.api  # noqa: PLC0415 (preloaded with transformers)
+        import workbench.models.intake  # noqa: F401, PLC0415 (preloaded with transformers)
     except Exception:  # the load itself will report the problem properly
         logger.debug("preload failed", exc_info=True)
 
@@ -154,10 +155,14 @@ def worker_main(
     sample_hz: float,
     log_level: int = logging.WARNING,
     preload: bool = False,
+    load_observer: str | None = None,
 ) -> None:
     """Entry point of the worker process (the target ``WorkerHost`` spawns).
 
     Sends ``WorkerReady`` once the imports a load needs are done (at once without ``preload``).
+    ``load_observer`` (``"module:function"``) is imported before that and given to the
+    ``JobRunner`` (see ``workbench.runtime.jobs``); a name that does not import ends the worker
+    with the error.
     """
     start_s = time.perf_counter()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the host, which shuts us down
@@ -173,9 +178,8 @@ def worker_main(
     sampler.start()
     listener = _Listener(requests, send)
     listener.start()
-    from workbench.runtime.jobs import JobRunner
-
-    runner = JobRunner(send)
+    observer = None if load_observer is None else import_load_observer(load_observer)
+    runner = JobRunner(send, load_observer=observer)
     if preload:
         _preload()
     send(WorkerReady(pid=os.getpid(), warmup_s=time.perf_counter() - start_s))

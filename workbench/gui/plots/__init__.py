@@ -20,52 +20,30 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QMessageBox, QPushButton, QWidget
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QGraphicsItem,
+    QHBoxLayout,
+    QMessageBox,
+    QPushButton,
+    QWidget,
+)
 
-from workbench.big_modeling.atomic import atomic_path
+from workbench.gui.colors import device_color
+from workbench.runtime import atomic_path, covering_key
 from workbench.runtime.protocol import LayerTiming
 from workbench.runtime.telemetry import summarize_layers
 
 GIB = float(1 << 30)
 
-_FALLBACK_COLORS = {
-    "disk": "#8c6d31",
-    "cpu": "#1f77b4",
-    "mps": "#9467bd",
-    "meta": "#7f7f7f",
-    "system": "#7f7f7f",
-}
-_GPU_COLORS = ("#2ca02c", "#d62728", "#ff7f0e", "#17becf", "#e377c2", "#bcbd22")
-
-
 def device_qcolor(device: str | int) -> QColor:
-    """Return the colour of ``device``, the same one the tree and the lanes use.
-
-    Uses ``workbench.gui.colors.device_color`` when it is available and a built-in palette
-    otherwise (or for pseudo-devices such as ``"system"``).
+    """Return the colour of ``device`` (or ``"system"``): ``gui.colors``, the tree's and lanes'.
 
     Example:
-        >>> device_qcolor("cpu").isValid()  # doctest: +SKIP
+        >>> device_qcolor("cpu") == device_color("cpu")  # doctest: +SKIP
         True
     """
-    text = str(device)
-    if text not in ("system", ""):
-        try:
-            from workbench.gui.colors import device_color
-
-            return QColor(device_color(device))
-        except Exception:  # colours are cosmetic; a missing or failing module never breaks plots
-            pass
-    from workbench.big_modeling.devices import normalize_device
-    from workbench.big_modeling.errors import BadInputError
-
-    try:  # the one device parser ("1", "cuda:1" -> 1; never "\u00b2" or "\u0661")
-        canonical = normalize_device(device)
-    except BadInputError:
-        canonical = text
-    if isinstance(canonical, int):
-        return QColor(_GPU_COLORS[canonical % len(_GPU_COLORS)])
-    return QColor(_FALLBACK_COLORS.get(text, "#7f7f7f"))
+    return device_color(device)
 
 
 def group_layer_timings(
@@ -107,7 +85,7 @@ def group_layer_timings(
     for row in rows:
         if keep is not None and row.module not in unit_set and not keep(row.module):
             continue
-        unit = _unit_of(row.module, unit_set)
+        unit = covering_key(row.module, unit_set)
         if unit is None:
             if row.module in containers:
                 continue
@@ -142,16 +120,6 @@ def group_layer_timings(
     return result
 
 
-def _unit_of(module: str, units: set[str]) -> str | None:
-    name = module
-    while True:
-        if name in units:
-            return name
-        if not name:
-            return None
-        name = name.rpartition(".")[0]
-
-
 def cache_static_parts(plot_item: Any) -> None:
     """Render a plot's axes and legend into cached pixmaps.
 
@@ -159,8 +127,6 @@ def cache_static_parts(plot_item: Any) -> None:
     tens of ms per axis when only a curve changed. With ``DeviceCoordinateCache`` the axis is
     redrawn only when its range or size changes, so a 10 Hz live plot stays cheap.
     """
-    from PySide6.QtWidgets import QGraphicsItem
-
     cache = QGraphicsItem.CacheMode.DeviceCoordinateCache
     for name in ("left", "bottom", "right", "top"):
         axis = plot_item.getAxis(name)

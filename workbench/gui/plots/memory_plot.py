@@ -1,6 +1,6 @@
 """Memory over time: one line per device and kind, budgets as dashed lines, phase markers.
 
-Samples go into preallocated arrays (a ring twice the window long, so the visible window is
+Samples go into a preallocated ``RingBuffer`` (twice the window long, so the visible window is
 always one contiguous slice). A GUI-thread timer looks at them ``refresh_hz`` times a second and
 redraws only when the picture would change at the current pixel resolution: a new sample at
 least a pixel to the right of the last drawn one, a value that moved a pixel, a new series or a
@@ -30,7 +30,6 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QGraphicsItem, QLabel, QVBoxLayout, QWidget
 
-from workbench.big_modeling.atomic import atomic_write_text
 from workbench.gui.plots import (
     GIB,
     PlotControls,
@@ -39,6 +38,8 @@ from workbench.gui.plots import (
     nice_ceiling,
     save_png,
 )
+from workbench.runtime import atomic_write_text
+from workbench.runtime.ring_buffer import RingBuffer
 
 _STYLE = {
     "allocated": Qt.PenStyle.SolidLine,
@@ -61,56 +62,46 @@ OFF_SCALE_FACTOR = 3.0  # a reference line up to 3x the worker's peak is fitted;
 
 
 class SampleRing:
-    """Preallocated time series: ``capacity`` rows of ``t_s`` plus one column per series.
-
-    Storage is ``2 * capacity`` rows; when it fills, the newest ``capacity`` rows move to the
-    front (amortised O(1) per sample), so ``view()`` is always a contiguous slice.
+    """Named time series over one ``RingBuffer``: ``capacity`` rows of ``t_s`` plus one column
+    per series (NaN where a series had no value); ``view()`` is one contiguous slice, no copy.
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(2, int(capacity))
         self.names: list[str] = []
-        self.appended = 0  # samples ever appended (the redraw check counts new rows with it)
-        self._t_s = np.zeros(2 * self.capacity)
-        self._values = np.full((2 * self.capacity, 0), np.nan)
-        self._start = 0
-        self._end = 0
+        self._rows = RingBuffer(self.capacity, width=1)  # column 0: t_s
 
     def __len__(self) -> int:
-        return self._end - self._start
+        return len(self._rows)
+
+    @property
+    def appended(self) -> int:
+        """Samples ever appended (the redraw check counts new rows with it)."""
+        return self._rows.total_appended
 
     def column(self, name: str) -> int:
         """Return the column of ``name``, adding one (NaN for earlier rows) if new."""
         if name in self.names:
             return self.names.index(name)
         self.names.append(name)
-        extra = np.full((self._values.shape[0], 1), np.nan)
-        self._values = np.hstack([self._values, extra])
+        self._rows.widen(1)
         return len(self.names) - 1
 
     def append(self, t_s: float, values: Mapping[str, float]) -> None:
         columns = [(self.column(name), float(v)) for name, v in values.items()]
-        if self._end == 2 * self.capacity:
-            keep = self.capacity - 1
-            self._t_s[:keep] = self._t_s[self._end - keep : self._end]
-            self._values[:keep] = self._values[self._end - keep : self._end]
-            self._start, self._end = 0, keep
-        elif len(self) == self.capacity:
-            self._start += 1
-        row = self._end
-        self._t_s[row] = t_s
-        self._values[row] = np.nan
+        row = np.full(len(self.names) + 1, np.nan)
+        row[0] = t_s
         for col, value in columns:
-            self._values[row, col] = value
-        self._end += 1
-        self.appended += 1
+            row[col + 1] = value
+        self._rows.append(row)
 
     def view(self) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(t_s, values)`` views of the stored rows, oldest first (no copy)."""
-        return self._t_s[self._start : self._end], self._values[self._start : self._end]
+        rows = self._rows.view()
+        return rows[:, 0], rows[:, 1:]
 
     def clear(self) -> None:
-        self._start = self._end = 0
+        self._rows.clear()
 
 
 class MemoryPlot(QWidget):

@@ -29,8 +29,6 @@ from PySide6.QtCore import QPointF, Qt, QTimer
 from PySide6.QtGui import QCursor
 from PySide6.QtWidgets import QGraphicsItem, QToolTip, QVBoxLayout, QWidget
 
-from workbench.big_modeling.atomic import atomic_write_text
-from workbench.gui.formatting import format_bandwidth, format_nbytes
 from workbench.gui.plots import (
     LayerTiming,
     PlotControls,
@@ -38,6 +36,9 @@ from workbench.gui.plots import (
     device_qcolor,
     save_png,
 )
+from workbench.runtime import atomic_write_text
+from workbench.runtime.formatting import format_bandwidth, format_nbytes
+from workbench.runtime.ring_buffer import RingBuffer
 
 _COMPUTE_COLOR = "#b0b0b0"
 _PEAK_COLOR = "#6a3d9a"
@@ -51,6 +52,11 @@ _TITLE_PX = 18
 
 def _tier(source: str) -> str:
     return source or "resident"
+
+
+def _heat_ring(steps: int) -> RingBuffer:
+    """The heatmap's rows: one per forward, one column per layer (ms), 16 columns to start."""
+    return RingBuffer(steps, width=16, dtype=np.float32)
 
 
 class TransferPlot(QWidget):
@@ -69,7 +75,7 @@ class TransferPlot(QWidget):
         self._layers: list[str] = []
         self._index_of: dict[str, int] = {}
         self._history: deque[list[LayerTiming]] = deque(maxlen=self.max_steps)
-        self._forwards_seen = 0  # the heat ring's next row is _forwards_seen % max_steps
+        self._forwards_seen = 0
         self._predicted_s: dict[str, float] = {}
         self._peaks_gbps: dict[str, float] = {}
         self._paused = False
@@ -78,7 +84,7 @@ class TransferPlot(QWidget):
         self.refresh_count = 0
         self._tier_bars: dict[str, pg.BarGraphItem] = {}
         self._peak_lines: list[pg.InfiniteLine] = []
-        self._heat = np.zeros((self.max_steps, 16), dtype=np.float32)  # ring (step, layer), ms
+        self._heat = _heat_ring(self.max_steps)
 
         self.graphics = pg.GraphicsLayoutWidget(self)
         self.graphics.setBackground("w")
@@ -237,9 +243,9 @@ class TransferPlot(QWidget):
             self.set_layers([timing.module for timing in timings])
             columns = [index_of[timing.module] for timing in timings]
         self._history.append(list(timings))
-        row = self._heat[self._forwards_seen % self.max_steps]
-        row[:] = 0.0
+        row = np.zeros(self._heat.width, dtype=np.float32)
         row[columns] = [(timing.transfer_s + timing.compute_s) * 1e3 for timing in timings]
+        self._heat.append(row)
         self._forwards_seen += 1
         self._mark_stale("bars", "heat")
 
@@ -270,11 +276,7 @@ class TransferPlot(QWidget):
 
     def heatmap(self) -> np.ndarray:
         """Return a copy of the heatmap, shape (steps, layers), oldest step first, in ms."""
-        steps, layers = len(self._history), len(self._layers)
-        end = self._forwards_seen % self.max_steps
-        if steps < self.max_steps or end == 0:
-            return self._heat[:steps, :layers].copy()
-        return np.concatenate([self._heat[end:, :layers], self._heat[:end, :layers]])
+        return self._heat.snapshot()[:, : len(self._layers)]
 
     def hover_text_at(self, x: float, y: float) -> str:
         """Describe the bar under view coordinates ``(x, y)``: module, bytes, GB/s; "" if none."""
@@ -386,7 +388,7 @@ class TransferPlot(QWidget):
         """Forget every recorded forward (layers, prediction and peaks stay)."""
         self._history.clear()
         self._forwards_seen = 0
-        self._heat[:] = 0
+        self._heat.clear()
         self._mark_stale("bars", "heat")
         self.refresh()
 
@@ -397,7 +399,7 @@ class TransferPlot(QWidget):
         self._predicted_s.clear()
         self._history.clear()
         self._forwards_seen = 0
-        self._heat = np.zeros((self.max_steps, 16), dtype=np.float32)
+        self._heat = _heat_ring(self.max_steps)
         self._mark_stale("bars", "prediction", "heat")
         self.refresh()
 
@@ -426,14 +428,12 @@ class TransferPlot(QWidget):
 
     def _reserve(self, layers: int) -> None:
         """Grow the heat ring to hold ``layers`` columns (capacity doubles: amortised O(1))."""
-        capacity = self._heat.shape[1]
+        capacity = self._heat.width
         if layers <= capacity:
             return
         while capacity < layers:
             capacity *= 2
-        grown = np.zeros((self.max_steps, capacity), dtype=np.float32)
-        grown[:, : self._heat.shape[1]] = self._heat
-        self._heat = grown
+        self._heat.widen(capacity - self._heat.width, fill=0.0)
 
     def _last_by_module(self) -> dict[str, LayerTiming]:
         return {t.module: t for t in self._history[-1]} if self._history else {}

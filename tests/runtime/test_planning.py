@@ -1,0 +1,57 @@
+"""One planning path: ``workbench plan`` and the planner panel's comparison plan the same map."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench.cli import main
+from workbench.commands import plan as plan_command
+from workbench.models.intake import open_model
+from workbench.runtime import planning
+from workbench.runtime.planning import activation_reserve, plan_opened_model, planning_dtype
+from workbench.runtime.strategy_compare import PlanRequest, run_comparison
+
+
+@pytest.mark.parametrize("strategy", ["auto", "sequential"])
+def test_the_cli_and_the_comparison_plan_the_same_map(
+    demo_dir: Path, capsys: pytest.CaptureFixture[str], strategy: str
+) -> None:
+    opened = open_model(demo_dir)
+    layer = opened.tree.node("model.layers.0").nbytes
+    budgets: dict[int | str, int] = {"cpu": int(2.5 * layer), "disk": 2**30}
+    assert main(["plan", str(demo_dir), "--max-memory", f"cpu={budgets['cpu']}", "disk=1GiB",
+                 "--strategy", strategy, "--json"]) == 0  # fmt: skip
+    from_cli = json.loads(capsys.readouterr().out)
+    request = PlanRequest(
+        model=opened.model,
+        tree=opened.tree,
+        profile=None,
+        budgets=budgets,
+        reserve={},
+        dtype=None,
+        no_split=list(opened.no_split_modules),
+        strategies=(strategy,),
+        opened=opened,
+    )
+    (candidate,) = run_comparison(request)
+    assert candidate.error == ""
+    assert candidate.plan.device_map == from_cli["device_map"]
+    direct = plan_opened_model(opened, max_memory=budgets, strategy=strategy)
+    assert direct.device_map == from_cli["device_map"]
+    assert {str(d): n for d, n in direct.per_device_bytes.items()} == from_cli["per_device_bytes"]
+    assert set(direct.device_map.values()) == {"cpu", "disk"}  # the budget forces an offload
+
+
+def test_the_reserve_follows_the_weights_dtype(demo_dir: Path) -> None:
+    opened = open_model(demo_dir)
+    assert str(planning_dtype(opened)) == "torch.float16"  # the demo's one stored dtype
+    small = activation_reserve(opened, 1, 16)
+    assert 0 < small < activation_reserve(opened, 4, 256)
+    assert activation_reserve(opened, 1, 16, "float32") > small
+
+
+def test_the_cli_offers_the_runtimes_strategies() -> None:
+    assert plan_command.STRATEGIES == planning.STRATEGIES  # its parser needs them without torch

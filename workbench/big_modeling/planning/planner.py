@@ -1,0 +1,374 @@
+"""Device-map planning: ``infer_auto_device_map``, ``get_balanced_memory`` and ``plan_device_map``.
+
+The planner is a pure function of module sizes and budgets: it never queries CUDA, so budgets
+for hardware you do not have plan just as well (what-if planning)::
+
+    plan = plan_device_map(model, max_memory={0: "24GiB", 1: "24GiB", "cpu": "64GiB"})
+
+Only ``max_memory=None`` looks at real hardware, through ``get_max_memory``.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from workbench.big_modeling.device_map.value import clean_device_map
+from workbench.big_modeling.devices import Device, DeviceValue, device_label, normalize_device
+from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.planning.module_index import ModuleIndex
+from workbench.big_modeling.planning.on_demand_index import build_planner_index
+from workbench.big_modeling.planning.placement import run_placement
+from workbench.big_modeling.planning.sizes import (
+    convert_file_size_to_int,
+    format_nbytes,
+    get_max_memory,
+)
+
+__all__ = [
+    "Placement",
+    "PlanResult",
+    "get_balanced_memory",
+    "infer_auto_device_map",
+    "plan_device_map",
+]
+
+logger = logging.getLogger(__name__)
+
+Strategy = Literal["auto", "balanced", "balanced_low_0", "sequential"]
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One planner decision: ``module`` went to ``device`` because of ``reason``.
+
+    ``device`` is ``None`` for a module that was split into its parts (each part has its own
+    placement); ``nbytes`` is the module's size under the planning dtype.
+    """
+
+    module: str
+    device: Device | None
+    nbytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A device map with its per-device totals and the reasons behind it."""
+
+    device_map: dict[str, Device]
+    per_device_bytes: dict[Device, int]
+    trace: list[Placement]
+
+
+def infer_auto_device_map(
+    model: nn.Module,
+    max_memory: Mapping[DeviceValue, int | str] | None = None,
+    no_split_module_classes: Iterable[str] | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    verbose: bool = False,
+    clean_result: bool = True,
+    offload_buffers: bool = False,
+    fallback_allocation: bool = False,
+    *,
+    reserve: Mapping[DeviceValue, int | str] | None = None,
+    module_sizes: Mapping[str, int] | None = None,
+) -> dict[str, Device]:
+    """Compute a device map: GPUs first, then CPU, then disk.
+
+    Guarantees: no device holds more than its budget; when something is offloaded to CPU, GPU 0
+    keeps room to bring back the largest CPU-offloaded layer (and the CPU keeps room for the
+    largest disk-offloaded one); classes in ``no_split_module_classes`` are never split; tied
+    parameters share a device; the direct buffers of a split module stay in the map. Works from
+    shapes and dtypes only, so the model may be on ``meta``, and the devices need not exist.
+
+    Args:
+        model: the model to place.
+        max_memory: bytes or size strings per device, e.g. ``{0: "1GiB", "cpu": "30GB"}``;
+            default: what is free now (``get_max_memory``). ``"disk"`` is unlimited unless given.
+        no_split_module_classes: class names never split across devices (e.g. decoder blocks).
+        dtype: dtype floating weights will be loaded in.
+        special_dtypes: per-tensor dtypes overriding ``dtype``.
+        verbose: log (``logging.INFO``) why each module went where.
+        clean_result: merge submodules placed on one device into their parent's key.
+        offload_buffers: buffers of offloaded modules are offloaded too; if ``False`` (default)
+            they stay on the execution device, and a ``UserWarning`` says when they fit no GPU
+            (counting what each GPU holds and the room it keeps for offloaded layers, as the
+            reference does). A device left empty for lack of memory is logged (INFO,
+            "insufficient memory", with the bytes it would need).
+        fallback_allocation: when the next module does not fit an empty device, place the first
+            module (depth first) that does.
+        reserve: extra keyword: bytes per device kept free for activations and KV cache
+            (see ``estimate_activation_reserve``).
+        module_sizes: extra keyword: precomputed ``{name: nbytes}`` overriding computed sizes.
+
+    Returns:
+        ``{module name: device}`` with devices as ints (GPUs), ``"cpu"``, ``"disk"``, ``"mps"``.
+
+    Raises:
+        MemoryBudgetError: for bad budgets, or when a limited ``"disk"`` budget is full.
+
+    Example:
+        >>> model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(3)])  # 80 B each
+        >>> # GPU 0 keeps 80 B for the largest offloaded layer: 180 - 80 = 100 B, one layer
+        >>> infer_auto_device_map(model, max_memory={0: 180, "cpu": 1000})
+        {'0': 0, '1': 'cpu', '2': 'cpu'}
+    """
+    plan = _plan(
+        model,
+        max_memory=max_memory,
+        strategy="sequential",
+        no_split_module_classes=no_split_module_classes,
+        dtype=dtype,
+        special_dtypes=special_dtypes,
+        reserve=reserve,
+        offload_buffers=offload_buffers,
+        fallback_allocation=fallback_allocation,
+        clean_result=clean_result,
+        explain=verbose,
+        module_sizes=module_sizes,
+    )
+    if verbose:
+        for placement in plan.trace:
+            logger.info("%s", placement.reason)
+    return plan.device_map
+
+
+def plan_device_map(
+    model: nn.Module,
+    *,
+    max_memory: Mapping[DeviceValue, int | str] | None,
+    strategy: Strategy = "auto",
+    no_split_module_classes: Iterable[str] | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    reserve: Mapping[DeviceValue, int | str] | None = None,
+    offload_buffers: bool = False,
+    fallback_allocation: bool = False,
+    module_sizes: Mapping[str, int] | None = None,
+) -> PlanResult:
+    """Plan a device map and say why: totals per device and one reason per decision.
+
+    ``strategy`` is what ``device_map=`` accepts in ``load_checkpoint_and_dispatch``: ``"auto"``
+    and ``"balanced"`` spread layers evenly over the GPUs (``get_balanced_memory``),
+    ``"balanced_low_0"`` keeps GPU 0 as empty as it can (for generation), ``"sequential"``
+    fills GPU 0, then GPU 1, ... Other arguments as in ``infer_auto_device_map``.
+
+    Returns:
+        ``PlanResult(device_map, per_device_bytes, trace)``; ``trace`` holds a ``Placement``
+        per decision, reasons in words such as "layers.38 does not fit on cuda:0: 1.6 GiB
+        needed, 0.9 GiB left after the 2.0 GiB reserve; layers.38 fits on cpu: ...".
+
+    Raises:
+        BadInputError: for an unknown strategy; MemoryBudgetError as in ``infer_auto_device_map``.
+
+    Example:
+        >>> model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])  # 80 B each
+        >>> plan_device_map(model, max_memory={0: 1000, 1: 1000}, strategy="balanced").device_map
+        {'0': 0, '1': 0, '2': 1, '3': 1}
+    """
+    return _plan(
+        model,
+        max_memory=max_memory,
+        strategy=strategy,
+        no_split_module_classes=no_split_module_classes,
+        dtype=dtype,
+        special_dtypes=special_dtypes,
+        reserve=reserve,
+        offload_buffers=offload_buffers,
+        fallback_allocation=fallback_allocation,
+        clean_result=True,
+        explain=True,
+        module_sizes=module_sizes,
+    )
+
+
+def get_balanced_memory(
+    model: nn.Module,
+    max_memory: Mapping[DeviceValue, int | str] | None = None,
+    no_split_module_classes: Iterable[str] | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    low_zero: bool = False,
+) -> dict[Device, int]:
+    """Budgets that spread the model evenly over the GPUs, for ``infer_auto_device_map``.
+
+    Each GPU but the last gets ``total / n_gpus`` plus a margin of 1.25 x the larger of the
+    biggest no-split block and the mean leaf-module size (so blocks do not spill); the last
+    keeps its full budget. With ``low_zero``, GPU 0 gets only what the others cannot hold.
+    With ``max_memory=None`` and one GPU, 90% of it is used, leaving 10% for activations.
+
+    Returns:
+        A new budget dict (the caller's is not changed).
+
+    Example:
+        >>> model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])  # 4 x 80 B
+        >>> get_balanced_memory(model, {0: 1000, 1: 1000, "cpu": 1000})  # 320 / 2 + 1.25 * 80
+        {0: 260, 1: 1000, 'cpu': 1000}
+    """
+    no_split = _no_split_set(no_split_module_classes)
+    index = build_planner_index(model, dtype, special_dtypes, no_split)
+    budgets = get_max_memory(max_memory)
+    return _balanced(index, budgets, no_split, low_zero, max_memory is None)
+
+
+def _balanced(
+    index: ModuleIndex,
+    budgets: dict[Device, int],
+    no_split: set[str],
+    low_zero: bool,
+    detected: bool,
+) -> dict[Device, int]:
+    budgets = dict(budgets)
+    gpus = [d for d, nbytes in budgets.items() if isinstance(d, int) and nbytes > 0]
+    if not gpus:
+        return budgets
+    if len(gpus) == 1:
+        low_zero = False
+        if detected:
+            budgets[gpus[0]] = int(budgets[gpus[0]] * 0.9)
+    total = index.sizes[0]
+    per_gpu = total // (len(gpus) - 1 if low_zero else len(gpus))
+    block_nbytes = index.largest_block(no_split)
+    leaf_count, leaf_total = index.leaf_stats()
+    margin = int(1.25 * max(block_nbytes, leaf_total // max(leaf_count, 1)))
+    per_gpu += margin
+    for gpu in gpus[:-1]:
+        budgets[gpu] = min(per_gpu, budgets[gpu])
+    if low_zero:
+        others = sum(budgets[gpu] for gpu in gpus[1:])
+        budgets[gpus[0]] = min(max(0, total - others), budgets[gpus[0]])
+    return budgets
+
+
+def _no_split_set(classes: Iterable[str] | str | None) -> set[str]:
+    if classes is None:
+        return set()
+    if isinstance(classes, str):
+        return {classes}
+    return set(classes)
+
+
+def _reserve_bytes(reserve: Mapping[DeviceValue, int | str] | None) -> dict[Device, int]:
+    return {
+        normalize_device(device): convert_file_size_to_int(nbytes)
+        for device, nbytes in (reserve or {}).items()
+    }
+
+
+def _plan(
+    model: nn.Module,
+    *,
+    max_memory: Mapping[DeviceValue, int | str] | None,
+    strategy: str,
+    no_split_module_classes: Iterable[str] | str | None,
+    dtype: torch.dtype | str | None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None,
+    reserve: Mapping[DeviceValue, int | str] | None,
+    offload_buffers: bool,
+    fallback_allocation: bool,
+    clean_result: bool,
+    explain: bool,
+    module_sizes: Mapping[str, int] | None,
+) -> PlanResult:
+    if strategy not in STRATEGIES:
+        raise BadInputError(
+            f"unknown planning strategy {strategy!r}; use one of {', '.join(STRATEGIES)}"
+        )
+    no_split = _no_split_set(no_split_module_classes)
+    if module_sizes is None:
+        index = build_planner_index(model, dtype, special_dtypes, no_split)
+    else:  # sizes overridden by name: every module must be numbered
+        index = ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes)
+        _override_sizes(index, module_sizes)
+    budgets = get_max_memory(max_memory)
+    reserves = _reserve_bytes(reserve)
+    unknown = sorted(map(str, set(reserves) - set(budgets) - {"disk"}))
+    if unknown:
+        raise BadInputError(
+            f"reserve names devices without a budget: {', '.join(unknown)}; add them to max_memory"
+        )
+    net = {device: max(0, nbytes - reserves.get(device, 0)) for device, nbytes in budgets.items()}
+    if strategy != "sequential":
+        net = _balanced(index, net, no_split, strategy == "balanced_low_0", max_memory is None)
+    devices = list(net)
+    capacities: dict[Device, int | None] = dict(net)
+    if "disk" not in capacities:
+        devices.append("disk")
+        capacities["disk"] = None
+    outcome = run_placement(
+        index,
+        devices,
+        capacities,
+        reserves,
+        no_split,
+        fallback_allocation=fallback_allocation,
+        explain=explain,
+    )
+    device_map = dict(outcome.assignments)
+    if clean_result:
+        device_map = clean_device_map(device_map)
+    if not offload_buffers:
+        held = {
+            device: nbytes + outcome.reserved_nbytes.get(device, 0)
+            for device, nbytes in outcome.used_nbytes.items()
+        }
+        _warn_offloaded_buffers(outcome.offloaded_buffer_nbytes, capacities, held)
+    _log_unfilled_devices(outcome.unfilled_nbytes)
+    per_device = {device: nbytes for device, nbytes in outcome.used_nbytes.items() if nbytes}
+    trace = [
+        Placement(record.name, record.device, record.nbytes, record.reason)
+        for record in outcome.records
+    ]
+    return PlanResult(device_map=device_map, per_device_bytes=per_device, trace=trace)
+
+
+def _override_sizes(index: ModuleIndex, module_sizes: Mapping[str, int]) -> None:
+    for position in range(len(index.sizes)):
+        nbytes = module_sizes.get(index.name_of(position))
+        if nbytes is not None:
+            index.sizes[position] = int(nbytes)
+
+
+def _log_unfilled_devices(unfilled: Mapping[Device, int]) -> None:
+    """Log (INFO, as the reference) the devices that got nothing and what they would need."""
+    if not unfilled:
+        return
+    needs = "; ".join(
+        f"{device_label(device)}: {format_nbytes(nbytes)} ({nbytes} B) required"
+        for device, nbytes in unfilled.items()
+    )
+    logger.info(
+        "no module could be placed on %d device(s) because of insufficient memory: %s. The first "
+        "module tried there (with the room kept for the largest offloaded layer) needed that "
+        "much; give those devices at least as much, or pass fallback_allocation=True.",
+        len(unfilled),
+        needs,
+    )
+
+
+def _warn_offloaded_buffers(
+    buffer_nbytes: int, capacities: Mapping[Device, int | None], used: Mapping[Device, int]
+) -> None:
+    """Warn when the buffers of offloaded modules (they stay on the execution device) fit no
+    GPU: ``used`` counts what each GPU holds plus the room kept there for offloaded layers."""
+    gpus = [d for d in capacities if d not in ("cpu", "disk")]
+    if not buffer_nbytes or not gpus:
+        return
+    if any((capacities[gpu] or 0) - used.get(gpu, 0) >= buffer_nbytes for gpu in gpus):
+        return
+    warnings.warn(
+        f"offloaded modules hold {format_nbytes(buffer_nbytes)} of buffers, which stay on the "
+        f"execution device, and no GPU ({', '.join(device_label(g) for g in gpus)}) has that much "
+        "left; pass offload_buffers=True or give the GPUs more memory",
+        UserWarning,
+        stacklevel=3,
+    )
