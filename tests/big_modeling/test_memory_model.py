@@ -1,0 +1,416 @@
+"""The memory model by attention kind, checked against the caches transformers really allocates.
+
+Each case builds a tiny config (hidden 64, 2-4 layers, vocab 100), instantiates the model with
+random weights on CPU, runs a real forward with ``use_cache=True`` over a prompt longer than any
+sliding window, and compares the bytes of every tensor in the returned cache, per layer, with
+``kv_cache_per_layer``: exactly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+transformers = pytest.importorskip("transformers")
+
+from workbench.big_modeling.errors import BadInputError  # noqa: E402
+from workbench.big_modeling.planning.activation_peak import activation_peak  # noqa: E402
+from workbench.big_modeling.planning.attention_kinds import (  # noqa: E402
+    AttentionKindWarning,
+    read_attention_layout,
+)
+from workbench.big_modeling.planning.device_reserve import (  # noqa: E402
+    layer_devices_from_map,
+    reserve_per_device,
+)
+from workbench.big_modeling.planning.kv_cache import (  # noqa: E402
+    default_context,
+    kv_cache_per_layer,
+    measured_cache_nbytes,
+)
+
+PROMPT = 12  # tokens; every sliding window below is 5
+VOCAB = 100
+_SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "vocab_size": VOCAB,
+    "num_attention_heads": 4,
+}
+
+
+def _configs() -> dict[str, tuple[object, type]]:
+    tf = transformers
+    return {
+        "llama-gqa": (
+            tf.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=2),
+            tf.LlamaForCausalLM,
+        ),
+        "llama-mha": (
+            tf.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=4),
+            tf.LlamaForCausalLM,
+        ),
+        "gpt2-mha": (
+            tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB),
+            tf.GPT2LMHeadModel,
+        ),
+        "bigcode-mqa": (
+            tf.GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, multi_query=True),
+            tf.GPTBigCodeForCausalLM,
+        ),
+        "mistral-sliding": (
+            tf.MistralConfig(
+                **_SMALL, num_hidden_layers=2, num_key_value_heads=2, sliding_window=5
+            ),
+            tf.MistralForCausalLM,
+        ),
+        "qwen2-sliding": (
+            tf.Qwen2Config(
+                **_SMALL,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                sliding_window=5,
+                use_sliding_window=True,
+                max_window_layers=1,
+            ),
+            tf.Qwen2ForCausalLM,
+        ),
+        "gemma2-layer-types": (
+            tf.Gemma2Config(
+                **_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, sliding_window=5
+            ),
+            tf.Gemma2ForCausalLM,
+        ),
+        "gemma3-pattern": (
+            tf.Gemma3TextConfig(
+                **_SMALL,
+                num_hidden_layers=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                sliding_window=5,
+                sliding_window_pattern=2,
+            ),
+            tf.Gemma3ForCausalLM,
+        ),
+        "deepseek-v3-mla-moe": (
+            tf.DeepseekV3Config(
+                **_SMALL,
+                num_hidden_layers=2,
+                num_key_value_heads=4,
+                kv_lora_rank=16,
+                q_lora_rank=32,
+                qk_rope_head_dim=8,
+                qk_nope_head_dim=16,
+                v_head_dim=16,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                first_k_dense_replace=1,
+                moe_intermediate_size=32,
+                n_group=1,
+                topk_group=1,
+            ),
+            tf.DeepseekV3ForCausalLM,
+        ),
+        "mamba": (
+            tf.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, state_size=8),
+            tf.MambaForCausalLM,
+        ),
+        "mamba2": (
+            tf.Mamba2Config(
+                hidden_size=64,
+                num_hidden_layers=2,
+                vocab_size=VOCAB,
+                state_size=8,
+                num_heads=8,
+                head_dim=16,
+                n_groups=1,
+            ),
+            tf.Mamba2ForCausalLM,
+        ),
+        "bamba-hybrid": (
+            tf.BambaConfig(
+                **_SMALL,
+                num_hidden_layers=4,
+                num_key_value_heads=2,
+                attn_layer_indices=[1],
+                mamba_n_heads=8,
+                mamba_d_head=16,
+                mamba_d_state=8,
+                mamba_n_groups=1,
+                mamba_expand=2,
+            ),
+            tf.BambaForCausalLM,
+        ),
+        "jamba-hybrid-moe": (
+            tf.JambaConfig(
+                **_SMALL,
+                num_hidden_layers=4,
+                num_key_value_heads=2,
+                attn_layer_period=2,
+                attn_layer_offset=1,
+                expert_layer_period=2,
+                expert_layer_offset=1,
+                num_experts=4,
+                mamba_d_state=8,
+                mamba_expand=2,
+                use_mamba_kernels=False,
+            ),
+            tf.JambaForCausalLM,
+        ),
+        "t5-cross": (
+            tf.T5Config(
+                d_model=64,
+                d_kv=16,
+                d_ff=128,
+                num_layers=2,
+                num_decoder_layers=2,
+                num_heads=4,
+                vocab_size=VOCAB,
+            ),
+            tf.T5ForConditionalGeneration,
+        ),
+        "bart-cross": (
+            tf.BartConfig(
+                d_model=64,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=128,
+                decoder_ffn_dim=128,
+                vocab_size=VOCAB,
+            ),
+            tf.BartForConditionalGeneration,
+        ),
+    }
+
+
+CASES = sorted(_configs())
+DECODER_TOKENS = 3  # encoder-decoder cases: PROMPT encoder tokens, 3 decoder tokens
+
+
+def _forward(config: object, model_class: type, **kwargs: object) -> object:
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    ids = torch.randint(0, VOCAB, (1, PROMPT))
+    if getattr(config, "is_encoder_decoder", False):
+        kwargs.setdefault("decoder_input_ids", torch.zeros(1, DECODER_TOKENS, dtype=torch.long))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model(input_ids=ids, use_cache=True, **kwargs)
+    return out.past_key_values
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_dynamic_cache_bytes_match_exactly(case: str) -> None:
+    config, model_class = _configs()[case]
+    cache = _forward(config, model_class)
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    predicted = kv_cache_per_layer(
+        config,
+        batch=1,
+        context=DECODER_TOKENS if encoder_decoder else PROMPT,
+        encoder_context=PROMPT if encoder_decoder else None,
+        model_dtype=torch.float32,
+        cache="dynamic",
+    )
+    assert [layer.nbytes for layer in predicted] == measured_cache_nbytes(cache)
+
+
+@pytest.mark.parametrize("case", ["llama-gqa", "gemma2-layer-types", "mistral-sliding"])
+def test_static_cache_bytes_match_exactly(case: str) -> None:
+    config, model_class = _configs()[case]
+    cache = transformers.StaticCache(config=config, max_cache_len=20)
+    _forward(config, model_class, past_key_values=cache)
+    predicted = kv_cache_per_layer(config, batch=1, context=20, model_dtype=torch.float32)
+    assert [layer.nbytes for layer in predicted] == measured_cache_nbytes(cache)
+
+
+def test_bf16_model_and_batch_match_exactly() -> None:
+    config, model_class = _configs()["gemma2-layer-types"]
+    torch.manual_seed(0)
+    model = model_class(config).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        cache = model(
+            input_ids=torch.randint(0, VOCAB, (3, PROMPT)), use_cache=True
+        ).past_key_values
+    predicted = kv_cache_per_layer(
+        config, batch=3, context=PROMPT, model_dtype="bf16", cache="dynamic"
+    )
+    assert [layer.nbytes for layer in predicted] == measured_cache_nbytes(cache)
+
+
+def test_kinds_read_from_each_config() -> None:
+    kinds = {
+        case: [layer.label for layer in read_attention_layout(config).layers]
+        for case, (config, _) in _configs().items()
+    }
+    assert kinds["llama-gqa"] == ["GQA 2 of 4 heads"] * 2
+    assert kinds["llama-mha"] == ["MHA 4 of 4 heads"] * 2
+    assert kinds["bigcode-mqa"] == ["MQA 1 of 4 heads"] * 2
+    assert kinds["qwen2-sliding"] == ["GQA 2 of 4 heads", "sliding window 5, GQA 2 of 4 heads"]
+    assert kinds["gemma3-pattern"][:2] == ["sliding window 5, GQA 2 of 4 heads", "GQA 2 of 4 heads"]
+    assert kinds["deepseek-v3-mla-moe"] == ["MLA latent 16 + rope 8", "MLA latent 16 + rope 8, MoE"]
+    assert kinds["bamba-hybrid"] == [
+        "mamba2 state",
+        "GQA 2 of 4 heads",
+        "mamba2 state",
+        "mamba2 state",
+    ]
+    assert kinds["jamba-hybrid-moe"][:2] == ["mamba state", "GQA 2 of 4 heads, MoE"]
+    assert kinds["t5-cross"] == ["MHA 4 of 4 heads, cross-attention"] * 2
+
+
+def test_mla_engines_latent_against_expanded() -> None:
+    config, _ = _configs()["deepseek-v3-mla-moe"]
+    # latent: 1 x 10 tokens x (16 + 8) x 2 B; expanded: 1 x 10 x 4 heads x (16 + 8 + 16) x 2 B
+    for engine in ("transformers", "vllm", "sglang"):
+        assert kv_cache_per_layer(config, batch=1, context=10, engine=engine)[0].nbytes == 480
+    assert (
+        kv_cache_per_layer(config, batch=1, context=10, engine="transformers-4")[0].nbytes == 3200
+    )
+    with pytest.raises(BadInputError, match="engine"):
+        kv_cache_per_layer(config, batch=1, context=10, engine="tgi")  # type: ignore[arg-type]
+
+
+def test_kv_dtype_scales_attention_not_state() -> None:
+    config, _ = _configs()["bamba-hybrid"]
+    fp16 = kv_cache_per_layer(config, batch=1, context=64, kv_dtype="fp16", model_dtype="bf16")
+    fp8 = kv_cache_per_layer(config, batch=1, context=64, kv_dtype="fp8", model_dtype="bf16")
+    assert fp8[1].self_nbytes * 2 == fp16[1].self_nbytes
+    assert fp8[0].state_nbytes == fp16[0].state_nbytes > 0
+
+
+def test_unknown_layer_type_falls_back_to_dense_with_warning() -> None:
+    config = transformers.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=2)
+    config.layer_types = ["full_attention", "ring_attention"]
+    with pytest.warns(AttentionKindWarning, match=r"layer_types\[1\]='ring_attention'"):
+        layout = read_attention_layout(config)
+    assert layout.layers[1].kind == "full"
+    assert "ring_attention" in layout.warnings[0]
+
+
+def test_unused_variant_key_is_named() -> None:
+    config = transformers.LlamaConfig(**_SMALL, num_hidden_layers=2)
+    config.attention_window = 256
+    with pytest.warns(AttentionKindWarning, match="attention_window=256"):
+        read_attention_layout(config)
+
+
+def test_default_context_caps_the_model_maximum() -> None:
+    gpt2, _ = _configs()["gpt2-mha"]
+    mistral, _ = _configs()["mistral-sliding"]
+    t5, _ = _configs()["t5-cross"]
+    assert default_context(gpt2) == 1024
+    assert default_context(mistral) == 32768
+    assert default_context(mistral, context_cap=8192) == 8192
+    assert default_context(t5, context_cap=2048) == 2048
+
+
+def _profiled_peak(model: torch.nn.Module, **inputs: object) -> tuple[int, object]:
+    """Peak CPU bytes allocated during one forward (torch.profiler memory events), and output."""
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = model(**inputs)
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    current = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        current += event.nbytes()
+        peak = max(peak, current)
+    return peak, out
+
+
+@pytest.mark.parametrize("case", ["llama-gqa", "gpt2-mha", "qwen2-sliding", "deepseek-v3-mla-moe"])
+def test_eager_prefill_activation_peak_within_10_percent(case: str) -> None:
+    config, model_class = _configs()[case]
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    tokens = 256
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peak, out = _profiled_peak(
+            model, input_ids=torch.randint(0, VOCAB, (1, tokens)), use_cache=True, logits_to_keep=1
+        )
+    measured = peak - sum(measured_cache_nbytes(out.past_key_values))
+    predicted = activation_peak(
+        config, batch=1, tokens=tokens, dtype=torch.float32, attention="eager"
+    ).prefill_nbytes
+    assert abs(predicted - measured) <= 0.10 * measured
+
+
+def test_reserve_per_device_splits_kv_by_layer_placement() -> None:
+    config = transformers.LlamaConfig(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+    )
+    reserve = reserve_per_device(
+        config, ["cuda:0"] * 32, batch=1, context=8192, kv_dtype="fp16", model_dtype="bf16"
+    )
+    # 32 layers x 1 x 8192 tokens x 8 kv heads x (128 + 128) x 2 B = 1 GiB
+    assert reserve["cuda:0"].kv_nbytes == 2**30
+    assert reserve["cuda:0"].why.startswith(
+        "layers 0-31 on cuda:0 need 1 GiB of KV cache at 8k context, fp16, GQA 8 of 32 heads"
+    )
+    split = reserve_per_device(
+        config, ["cuda:0"] * 20 + ["cuda:1"] * 12, batch=2, context=8192, kv_dtype="fp8"
+    )
+    assert split["cuda:0"].kv_nbytes == 20 * 2 * 8192 * 8 * 256
+    assert split["cuda:1"].kv_nbytes == 12 * 2 * 8192 * 8 * 256
+    # the logits (one position per sequence) are charged to the device of the last layer only
+    assert split["cuda:1"].activation_nbytes >= split["cuda:0"].activation_nbytes
+    assert split["cuda:1"].why.startswith("layers 20-31 on cuda:1")
+
+
+def test_reserve_from_device_map_and_offloaded_layers() -> None:
+    config, _ = _configs()["gemma2-layer-types"]
+    device_map = {
+        "model.embed_tokens": 0,
+        "model.layers.0": 0,
+        "model.layers.1": 0,
+        "model.layers.2.self_attn": 1,
+        "model.layers.2.mlp": 1,
+        "model.layers.3": "disk",
+        "model.norm": 1,
+        "lm_head": 1,
+    }
+    reserve = reserve_per_device(config, device_map, context=64, model_dtype="fp16")
+    layers = kv_cache_per_layer(config, batch=1, context=64)
+    assert {device: r.layers for device, r in reserve.items()} == {
+        "cuda:0": (0, 1),
+        "cuda:1": (2,),
+        "disk": (3,),
+    }
+    assert reserve["cuda:1"].kv_nbytes == layers[2].nbytes
+    offloaded = reserve_per_device(
+        config, device_map, context=64, model_dtype="fp16", offload_execution_device=0
+    )
+    assert offloaded["cuda:0"].layers == (0, 1, 3)
+    assert "layers 0-1, 3 on cuda:0" in offloaded["cuda:0"].why
+
+
+def test_layer_devices_from_maps() -> None:
+    assert layer_devices_from_map({"": "cuda:0"}, 3) == ["cuda:0"] * 3
+    assert layer_devices_from_map({"model": 0, "lm_head": 1}, 2) == ["cuda:0", "cuda:0"]
+    t5_map = {"shared": 0, "encoder": 0, "decoder.block.0": 0, "decoder.block.1": 1, "lm_head": 1}
+    assert layer_devices_from_map(t5_map, 2) == ["cuda:0", "cuda:1"]
+    with pytest.raises(BadInputError, match="decoder layer 1"):
+        layer_devices_from_map({"model.layers.0": 0, "lm_head": 0}, 2)
+    config, _ = _configs()["llama-gqa"]
+    with pytest.raises(BadInputError, match="3 layer devices for 2"):
+        reserve_per_device(config, [0, 0, 1], context=8)
+
+
+def test_state_layer_without_state_size_counts_as_dense() -> None:
+    config = transformers.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=2)
+    config.layer_types = ["linear_attention", "full_attention"]
+    with pytest.warns(AttentionKindWarning, match="without a state size"):
+        layers = kv_cache_per_layer(config, batch=1, context=8, kv_dtype="fp16")
+    assert layers[0].nbytes == layers[1].nbytes == 1 * 8 * 2 * (16 + 16) * 2

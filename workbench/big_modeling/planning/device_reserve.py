@@ -1,0 +1,264 @@
+"""Memory to reserve on each device for the layers placed there: KV cache plus activation peak.
+
+A KV cache lives where its layer runs, so the reserve is per device: the sum of the caches of
+the layers on it, plus the activation peak of a forward through them (the logits on the device
+that runs the last layer). ``reserve_per_device`` returns those bytes and one sentence per
+device, in the words the planner's "why" uses::
+
+    layers 0-31 on cuda:0 need 2.0 GiB of KV cache at 8192 context, fp16, GQA 8 of 32 heads
+
+Example:
+    >>> from transformers import LlamaConfig
+    >>> config = LlamaConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+    ...                      num_key_value_heads=2, vocab_size=100)
+    >>> reserve = reserve_per_device(config, ["cuda:0", "cuda:0", "cuda:1", "cuda:1"],
+    ...                              batch=1, context=8192, kv_dtype="fp16")
+    >>> reserve["cuda:1"].kv_nbytes, reserve["cuda:1"].why.split(" need")[0]
+    (2097152, 'layers 2-3 on cuda:1')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.planning.activation_peak import (
+    AttentionImplementation,
+    forward_peak_terms,
+)
+from workbench.big_modeling.planning.attention_kinds import AttentionLayout
+from workbench.big_modeling.planning.dtype_sizes import as_dtype, element_nbytes
+from workbench.big_modeling.planning.kv_cache import (
+    Engine,
+    LayerKV,
+    default_context,
+    describe_dtype,
+    kv_cache_per_layer,
+    layout_of,
+)
+from workbench.big_modeling.planning.sizes import format_nbytes
+
+__all__ = ["DeviceReserve", "layer_devices_from_map", "reserve_per_device"]
+
+# ``model.layers.3``, ``transformer.h.3``, ``decoder.block.3``, ``backbone.layers.3``...
+_LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)(?:\.|$)")
+_OFFLOAD = ("cpu", "disk", "meta")
+# Modules beside the layer stack: a map without layer keys places the layers with the others.
+_NOT_LAYERS = {
+    "embed_tokens",
+    "wte",
+    "wpe",
+    "lm_head",
+    "norm",
+    "ln_f",
+    "final_layernorm",
+    "shared",
+    "embed_positions",
+    "embeddings",
+    "rotary_emb",
+}
+
+
+@dataclass(frozen=True)
+class DeviceReserve:
+    """What one device must keep free for the layers placed on it.
+
+    Attributes:
+        device: the device, as the map names it (``"cuda:0"``, ``"cpu"``...).
+        layers: indices of the decoder layers whose cache lives there.
+        kv_nbytes: bytes of their caches.
+        activation_nbytes: the activation peak of a prefill through them.
+        why: one sentence, e.g. ``"layers 0-31 on cuda:0 need 2 GiB of KV cache at 8192
+            context, fp16, GQA 8 of 32 heads; activation peak 256 MiB (MLP intermediate)"``. The
+            logits are charged to the device of the last decoder layer.
+    """
+
+    device: str
+    layers: tuple[int, ...]
+    kv_nbytes: int
+    activation_nbytes: int
+    why: str
+
+    @property
+    def nbytes(self) -> int:
+        """The reserve to pass to the planner for this device."""
+        return self.kv_nbytes + self.activation_nbytes
+
+
+def _device_name(device: object) -> str:
+    if isinstance(device, bool):
+        raise BadInputError(f"device {device!r} is not a device")
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    return str(device)
+
+
+def layer_devices_from_map(device_map: Mapping[str, object], layer_count: int) -> list[str]:
+    """The device each decoder layer runs on, read from a device map's module names.
+
+    A key naming a layer (``model.layers.3``, ``transformer.h.3``, ``decoder.block.3``) or a
+    module inside it places that layer; layers no key names go to the device of the shortest
+    key that covers the whole stack (``""``, ``"model"``...). In an encoder-decoder map only
+    ``decoder`` keys count.
+
+    Raises:
+        BadInputError: when some layer is on no device the map names.
+
+    Example:
+        >>> layer_devices_from_map({"model.embed": 0, "model.layers.0": 0, "model.layers.1": 1}, 2)
+        ['cuda:0', 'cuda:1']
+    """
+    keys = list(device_map)
+    if any(".decoder." in f".{key}." or key.startswith("decoder") for key in keys):
+        keys = [key for key in keys if "decoder" in key or not _LAYER_KEY.search(key)]
+    placed: dict[int, str] = {}
+    for key in keys:
+        match = _LAYER_KEY.search(key)
+        if match is not None:
+            placed.setdefault(int(match.group(1)), _device_name(device_map[key]))
+    layer_keys = [key for key in keys if _LAYER_KEY.search(key)]
+    others = [key for key in keys if not _LAYER_KEY.search(key)]
+    covering = [
+        key for key in others if key == "" or any(k.startswith(f"{key}.") for k in layer_keys)
+    ]
+    if not layer_keys:
+        covering = [key for key in others if key.rsplit(".", 1)[-1] not in _NOT_LAYERS]
+    fallback = _device_name(device_map[min(covering, key=len)]) if covering else None
+    devices = []
+    for index in range(layer_count):
+        device = placed.get(index, fallback)
+        if device is None:
+            raise BadInputError(f"the device map places no device for decoder layer {index}")
+        devices.append(device)
+    return devices
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    parts: list[str] = []
+    start = previous = indices[0]
+    for index in [*indices[1:], None]:
+        if index is not None and index == previous + 1:
+            previous = index
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if index is not None:
+            start = previous = index
+    label = "layer" if len(indices) == 1 else "layers"
+    return f"{label} {', '.join(parts)}"
+
+
+def _context_words(context: int) -> str:
+    return f"{context // 1024}k" if context % 1024 == 0 and context >= 1024 else str(context)
+
+
+def reserve_per_device(
+    config: Any,
+    device_map_or_layer_devices: Mapping[str, object] | Sequence[object],
+    *,
+    batch: int = 1,
+    context: int | None = None,
+    kv_dtype: torch.dtype | str | None = None,
+    model_dtype: torch.dtype | str = torch.float16,
+    engine: Engine = "transformers",
+    attention: AttentionImplementation = "sdpa",
+    logits_to_keep: int = 1,
+    context_cap: int = 32768,
+    offload_execution_device: object | None = None,
+    prompt_tokens: int | None = None,
+) -> dict[str, DeviceReserve]:
+    """Bytes each device must keep free: its layers' KV cache plus their activation peak.
+
+    Per device ``d``: ``kv(d) = sum of kv_cache_per_layer(...)[i].nbytes for layers i on d``
+    (static figures, the most a cache holds) and ``activation(d) = residual + mask +
+    max(attention, mlp)`` of a prefill of ``prompt_tokens`` through those layers, plus the
+    logits on the device of the last layer (``activation_peak`` gives the terms).
+
+    Args:
+        config: a transformers config (or an ``AttentionLayout``).
+        device_map_or_layer_devices: a device map (module name -> device) or one device per
+            decoder layer.
+        batch: sequences.
+        context: tokens the cache holds; ``None``: ``default_context(config, context_cap)``.
+        kv_dtype: dtype of the K/V tensors; ``None``: ``model_dtype``.
+        model_dtype: the compute dtype.
+        engine: whose cache layout (MLA latent or expanded; see ``kv_cache``).
+        attention: the model's attention implementation.
+        logits_to_keep: positions whose logits are computed (``generate``: 1).
+        context_cap: the cap on ``max_position_embeddings`` when ``context`` is ``None``.
+        offload_execution_device: where layers mapped to ``"cpu"`` / ``"disk"`` run when they
+            are offloaded (their cache lives there); ``None`` keeps them on ``"cpu"``.
+        prompt_tokens: tokens of the prefill; ``None``: ``context``.
+
+    Returns:
+        ``{device: DeviceReserve}`` for every device that runs at least one decoder layer.
+
+    Raises:
+        BadInputError: for a per-layer list of the wrong length, a map that leaves a layer on
+            no device, or the errors of ``kv_cache_per_layer``.
+    """
+    layout: AttentionLayout = layout_of(config)
+    count = len(layout.layers)
+    if isinstance(device_map_or_layer_devices, Mapping):
+        devices = layer_devices_from_map(device_map_or_layer_devices, count)
+    else:
+        devices = [_device_name(device) for device in device_map_or_layer_devices]
+        if len(devices) != count:
+            raise BadInputError(f"got {len(devices)} layer devices for {count} decoder layers")
+    if offload_execution_device is not None:
+        runner = _device_name(offload_execution_device)
+        devices = [runner if device in _OFFLOAD else device for device in devices]
+    context = context if context is not None else default_context(layout, context_cap)
+    kv = kv_cache_per_layer(
+        layout,
+        batch=batch,
+        context=context,
+        kv_dtype=kv_dtype,
+        model_dtype=model_dtype,
+        engine=engine,
+    )
+    words_dtype = describe_dtype(
+        as_dtype(kv_dtype) if kv_dtype is not None else as_dtype(model_dtype)
+    )
+    nbytes = element_nbytes(as_dtype(model_dtype))
+    result: dict[str, DeviceReserve] = {}
+    for device in dict.fromkeys(devices):
+        indices = [i for i, d in enumerate(devices) if d == device]
+        sub = replace(layout, layers=tuple(layout.layers[i] for i in indices))
+        terms = forward_peak_terms(
+            sub,
+            batch=batch,
+            tokens=prompt_tokens or context,
+            past=0,
+            nbytes=nbytes,
+            attention=attention,
+            logits_to_keep=logits_to_keep,
+        )
+        carries_logits = devices[-1] == device
+        candidates = {"attention": terms["attention"], "MLP intermediate": terms["mlp"]}
+        if carries_logits:
+            candidates["logits"] = terms["logits"]
+        largest = max(candidates, key=lambda name: candidates[name])
+        activation = terms["residual"] + terms["mask"] + candidates[largest]
+        kv_bytes = sum(kv[i].nbytes for i in indices)
+        why = (
+            f"{_ranges(indices)} on {device} need {format_nbytes(kv_bytes)} of KV cache at "
+            f"{_context_words(context)} context, {words_dtype}, {_kinds([kv[i] for i in indices])}"
+            f"; activation peak {format_nbytes(activation)} ({largest})"
+        )
+        result[device] = DeviceReserve(device, tuple(indices), kv_bytes, activation, why)
+    return result
+
+
+def _kinds(layers: Sequence[LayerKV]) -> str:
+    """The distinct layer labels, with counts when they differ: ``"GQA 8 of 32 heads"``."""
+    counts: dict[str, int] = {}
+    for layer in layers:
+        counts[layer.attention.label] = counts.get(layer.attention.label, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{n} x {label}" for label, n in counts.items())
