@@ -299,3 +299,23 @@ def test_an_unusable_offload_folder_is_a_failed_load_that_says_what_to_do(
     assert panels.bridge.host.pid is None  # no worker was started for a load that cannot run
     assert panels.load_action.isEnabled() and not panels.controller.busy
     dialog.close()
+
+
+def test_a_cancelled_reload_leaves_nothing_saying_a_model_is_loaded(
+    demo_window: Any, qtbot: Any
+) -> None:
+    """A load that does not finish retires the worker, model and all (found driving the app:
+    after Load, Load again, Cancel, the Inference tab still said "(loaded)" and Run failed)."""
+    panels = demo_window.runtime_panels
+    with qtbot.waitSignal(panels.controller.load_finished, timeout=LOAD_TIMEOUT_MS):
+        panels.load_action.trigger()
+    assert panels.controller.loaded and demo_window.session.context.loaded is not None
+    _held(panels, qtbot)
+    with qtbot.waitSignal(panels.controller.busy_changed, timeout=LOAD_TIMEOUT_MS):
+        panels.progress_widget.cancel_button.click()
+    inference = panels.inference_panel
+    assert not panels.controller.loaded and panels.controller.loaded_map is None
+    assert demo_window.session.context.loaded is None
+    assert not panels.unload_action.isEnabled() and panels.load_action.isEnabled()
+    assert not inference.run_button.isEnabled() and not inference.verify_button.isEnabled()
+    assert "(loaded)" not in inference.loaded_label.text()

@@ -202,6 +202,7 @@ class LoadController(QObject):
         self._pending_map: dict[str, int | str] | None = None
         self._pending_source: str | None = None
         self._pending_context: Any = None  # the ModelContext the running load is for
+        self._loaded_context: Any = None  # the ModelContext of the model the worker holds
         self._cancel_clicked_s: float | None = None
         self._started_s: float | None = None
         self.progress_widget.cancel_button.clicked.connect(self.cancel)
@@ -299,7 +300,7 @@ class LoadController(QObject):
         except Exception as exc:
             self._report_error("Cannot unload", str(exc), _details(exc))
             return
-        self._set_loaded(None)
+        self._forget_loaded_model()
         logger.info("unload requested: the worker restarts empty")
         self.progress_widget.show_message("unloading…")
 
@@ -327,6 +328,7 @@ class LoadController(QObject):
         context = self._pending_context
         if context is not None and self._pending_map is not None:
             context.loaded = LoadedModelRef(str(self.loaded_source), self._pending_map, summary)
+        self._loaded_context = context
         self._set_loaded(self._pending_map)
         self.progress_widget.show_done()
         load_s = getattr(summary, "load_s", 0.0)
@@ -342,6 +344,9 @@ class LoadController(QObject):
             return
         elapsed = self._elapsed_s()
         self._finish()
+        # A load that does not finish leaves the worker empty (it is replaced, or the model it
+        # held was dropped before the new one was read), whatever was loaded before.
+        self._forget_loaded_model()
         if event.kind == "cancelled":
             logger.info("load #%d cancelled after %.1f s", self.load_number, elapsed)
             self.progress_widget.show_message("load cancelled")
@@ -360,7 +365,7 @@ class LoadController(QObject):
                 self.progress_widget.show_message("worker idle")
             return
         was_loaded = self.loaded
-        self._set_loaded(None)
+        self._forget_loaded_model()
         if was_loaded and not self.busy:  # a load in flight reports through Failed
             self._report_error(
                 "The worker process died",
@@ -385,6 +390,7 @@ class LoadController(QObject):
             context.loaded = LoadedModelRef(
                 str(self.loaded_source), dict(self.loaded_map), self.last_summary
             )
+            self._loaded_context = context
         # only the model on screen can be "changed since load"; another one offers no Reload
         self._set_stale(same_model and dict(self.session.device_map) != self.loaded_map)
         if self.loaded and not self.busy and not same_model and what in ("opened", "source"):
@@ -416,6 +422,13 @@ class LoadController(QObject):
         self._cancel_clicked_s = None
         self.progress_widget.set_busy(False)
         self.busy_changed.emit(False)
+
+    def _forget_loaded_model(self) -> None:
+        """The worker holds no model: nothing may say one is loaded."""
+        if self._loaded_context is not None:
+            self._loaded_context.loaded = None
+            self._loaded_context = None
+        self._set_loaded(None)
 
     def _set_loaded(self, device_map: Mapping[str, int | str] | None) -> None:
         before = self.loaded
