@@ -102,11 +102,12 @@ def test_a_stale_comparison_never_writes_old_budgets_back(qtbot, tiny_window) ->
     edited = dict(window.session.budgets)
     assert edited[0] == 5 * GIB
     assert not button.isEnabled() and "compare again" in button.toolTip()
+    assert panel.stale_label.isVisibleTo(panel) and "compare again" in panel.stale_label.text()
     assert not panel.apply("sequential")
     assert window.session.budgets == edited  # nothing written back
     assert "compare again" in window.statusBar().currentMessage()
     window.undo_stack.undo()  # the session is back where the comparison was made
-    assert button.isEnabled()
+    assert button.isEnabled() and not panel.stale_label.isVisibleTo(panel)
     button.click()
     assert window.session.budgets == budgets
     assert window.undo_stack.undoText() == "Apply sequential plan"

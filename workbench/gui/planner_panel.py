@@ -111,6 +111,10 @@ class PlannerPanel(QWidget):
         self.table = _RowsTable(self)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.apply_row = QHBoxLayout()
+        self.stale_label = QLabel(self)  # says so when the table no longer matches the session
+        self.stale_label.setObjectName("plannerStaleLabel")
+        self.stale_label.setWordWrap(True)
+        self.stale_label.setVisible(False)
         self.trace_view = QTreeWidget(self)
         self.trace_view.setHeaderLabels(["Module", "Device", "Size", "Why"])
         self.trace_view.setRootIsDecorated(False)
@@ -155,6 +159,7 @@ class PlannerPanel(QWidget):
         buttons.addWidget(self.strategy_combo)
         buttons.addWidget(self.compare_button, 1)
         layout.addLayout(buttons)
+        layout.addWidget(self.stale_label)
         layout.addWidget(self.table)  # as tall as its rows: the trace below takes the rest
         layout.addLayout(self.apply_row)
         layout.addWidget(self.trace_view, 1)
@@ -401,6 +406,9 @@ class PlannerPanel(QWidget):
 
     def _update_apply_buttons(self) -> None:
         stale = self.stale_reason()
+        self.stale_label.setText(f"Out of date: {stale}" if stale else "")
+        self.stale_label.setStyleSheet(f"color: {warning_color().name()};" if stale else "")
+        self.stale_label.setVisible(stale is not None and bool(self.apply_buttons))
         for strategy, button in self.apply_buttons.items():
             candidate = self.candidate(strategy)
             error = candidate.error if candidate is not None else "no plan"
