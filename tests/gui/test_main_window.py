@@ -168,3 +168,22 @@ def test_run_app_shows_the_main_window_and_returns_the_exit_code(qapp, clean_set
         # waitSignal/waitUntil event loop at once (a TimeoutError in an unrelated test).
         QCoreApplication.removePostedEvents(qapp, QEvent.Type.Quit)
     assert seen == ["Model Memory Workbench"]
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_no_speed_is_predicted_for_a_map_over_budget(
+    qtbot, main_window, whatif_config, open_in_window
+) -> None:
+    """A tok/s figure beside a red lane reads as a promise (found driving the app: "0.227
+    tok/s" for a map 104 GiB over the CPU budget)."""
+    window = main_window
+    open_in_window(window, whatif_config)
+    qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)
+    tiny = {device: 1024 for device in window.session.budgets}
+    window.edit_budgets(tiny)
+    assert window.lanes.budget_problems
+    qtbot.waitUntil(lambda: "does not fit" in window.speed_label.text(), timeout=5000)
+    assert "tok/s" not in window.speed_label.text()
+    assert window.lanes.budget_problems[0] in window.speed_label.text()
+    window.undo_stack.undo()  # the budgets fit again: the speed comes back
+    qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)

@@ -150,7 +150,12 @@ class MainWindow(QMainWindow):
         self.hardware_selector = HardwareSelector(self)
         self.budget_editor = BudgetEditor(self)
         self.hardware = WindowHardware(
-            self, self.session, self.undo_stack, self.hardware_selector, self.speed_label
+            self,
+            self.session,
+            self.undo_stack,
+            self.hardware_selector,
+            self.speed_label,
+            fit_problems=lambda: self.lanes.budget_problems,
         )
         self.documents = SessionDocuments(self, self._place_restore_bar, autosave=autosave)
         self._build_central()

@@ -7,6 +7,7 @@ undo commands; the speed prediction runs on a worker thread after each change (d
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QObject, QTimer
@@ -31,6 +32,8 @@ class WindowHardware(QObject):
         undo_stack: where profile switches and budget edits go.
         selector: the toolbar's profile selector (its choice switches the profile).
         speed_label: shows the predicted tokens/s and TTFT.
+        fit_problems: why the map does not fit the hardware (the lanes' budget problems);
+            while there are any, no speed is shown for it.
 
     Attributes:
         profile: the active ``HardwareProfile`` (what the lanes and the speed model use).
@@ -46,8 +49,10 @@ class WindowHardware(QObject):
         undo_stack: QUndoStack,
         selector: HardwareSelector,
         speed_label: QLabel,
+        fit_problems: Callable[[], Sequence[str]] = tuple,
     ) -> None:
         super().__init__(parent)
+        self._fit_problems = fit_problems
         self.session = session
         self.undo_stack = undo_stack
         self.hardware_selector = selector
@@ -154,6 +159,12 @@ class WindowHardware(QObject):
 
     def _on_speed_thread_succeeded(self, prediction: Any) -> None:
         self.speed_prediction = prediction
+        problems = list(self._fit_problems())
+        if problems:  # a speed for a map that cannot run here would read as a promise
+            self.speed_label.setText(
+                f"<b>Predicted:</b> — {problems[0]}; no speed for a map that does not fit"
+            )
+            return
         name = getattr(self.profile, "name", "")
         where = "this machine" if name == "detected" else name  # a what-if says which profile
         self.speed_label.setText(
