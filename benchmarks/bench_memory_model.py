@@ -23,7 +23,9 @@ Targets (issue 21): KV exact; activation peak within 10%; total within 5%.
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
+from pathlib import Path
 
 import torch
 import transformers as tf
@@ -34,121 +36,30 @@ from workbench.big_modeling.planning.activation_peak import activation_peak
 from workbench.big_modeling.planning.kv_cache import kv_cache_per_layer, measured_cache_nbytes
 from workbench.big_modeling.planning.sizes import compute_module_sizes
 
-VOCAB = 100
-_SMALL = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "vocab_size": VOCAB,
-    "num_attention_heads": 4,
+# The tests' tiny configs (tests/memory_model_configs.py), with windows below the prompt.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from memory_model_configs import VOCAB, tiny_configs
+
+_LABELS = {
+    "gpt2-mha": "MHA (gpt2)",
+    "llama-gqa": "GQA (llama)",
+    "bigcode-mqa": "MQA (bigcode)",
+    "mistral-sliding": "sliding (mistral)",
+    "gemma2-layer-types": "layer types (gemma2)",
+    "deepseek-v3-mla-moe": "MLA + MoE (deepseek v3)",
+    "mamba": "state space (mamba)",
+    "mamba2": "state space (mamba2)",
+    "bamba-hybrid": "hybrid (bamba)",
+    "jamba-hybrid-moe": "hybrid + MoE (jamba)",
+    "t5-cross": "cross (t5)",
+    "bart-cross": "cross (bart)",
 }
-_MAMBA = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": VOCAB, "state_size": 8}
 
 
 def cases() -> dict[str, tuple[object, type]]:
-    """One tiny config per attention kind, with its model class."""
-    return {
-        "MHA (gpt2)": (
-            tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB),
-            tf.GPT2LMHeadModel,
-        ),
-        "GQA (llama)": (
-            tf.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=2),
-            tf.LlamaForCausalLM,
-        ),
-        "MQA (bigcode)": (
-            tf.GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, multi_query=True),
-            tf.GPTBigCodeForCausalLM,
-        ),
-        "sliding (mistral)": (
-            tf.MistralConfig(
-                **_SMALL, num_hidden_layers=2, num_key_value_heads=2, sliding_window=64
-            ),
-            tf.MistralForCausalLM,
-        ),
-        "layer types (gemma2)": (
-            tf.Gemma2Config(
-                **_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, sliding_window=64
-            ),
-            tf.Gemma2ForCausalLM,
-        ),
-        "MLA + MoE (deepseek v3)": (
-            tf.DeepseekV3Config(
-                **_SMALL,
-                num_hidden_layers=2,
-                num_key_value_heads=4,
-                kv_lora_rank=16,
-                q_lora_rank=32,
-                qk_rope_head_dim=8,
-                qk_nope_head_dim=16,
-                v_head_dim=16,
-                n_routed_experts=4,
-                num_experts_per_tok=2,
-                first_k_dense_replace=1,
-                moe_intermediate_size=32,
-                n_group=1,
-                topk_group=1,
-            ),
-            tf.DeepseekV3ForCausalLM,
-        ),
-        "state space (mamba)": (tf.MambaConfig(**_MAMBA), tf.MambaForCausalLM),
-        "state space (mamba2)": (
-            tf.Mamba2Config(**_MAMBA, num_heads=8, head_dim=16, n_groups=1),
-            tf.Mamba2ForCausalLM,
-        ),
-        "hybrid (bamba)": (
-            tf.BambaConfig(
-                **_SMALL,
-                num_hidden_layers=4,
-                num_key_value_heads=2,
-                attn_layer_indices=[1],
-                mamba_n_heads=8,
-                mamba_d_head=16,
-                mamba_d_state=8,
-                mamba_n_groups=1,
-            ),
-            tf.BambaForCausalLM,
-        ),
-        "hybrid + MoE (jamba)": (
-            tf.JambaConfig(
-                **_SMALL,
-                num_hidden_layers=4,
-                num_key_value_heads=2,
-                attn_layer_period=2,
-                attn_layer_offset=1,
-                expert_layer_period=2,
-                expert_layer_offset=1,
-                num_experts=4,
-                mamba_d_state=8,
-                use_mamba_kernels=False,
-            ),
-            tf.JambaForCausalLM,
-        ),
-        "cross (t5)": (
-            tf.T5Config(
-                d_model=64,
-                d_kv=16,
-                d_ff=128,
-                num_layers=2,
-                num_decoder_layers=2,
-                num_heads=4,
-                vocab_size=VOCAB,
-            ),
-            tf.T5ForConditionalGeneration,
-        ),
-        "cross (bart)": (
-            tf.BartConfig(
-                d_model=64,
-                encoder_layers=2,
-                decoder_layers=2,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=128,
-                decoder_ffn_dim=128,
-                vocab_size=VOCAB,
-            ),
-            tf.BartForConditionalGeneration,
-        ),
-    }
+    """The benchmark's kinds: the tests' configs with 64-token sliding windows."""
+    configs = tiny_configs(sliding_window=64)
+    return {label: configs[name] for name, label in _LABELS.items()}
 
 
 def profiled_peak(model: torch.nn.Module, **inputs: object) -> tuple[int, object]:

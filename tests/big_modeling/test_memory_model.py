@@ -16,6 +16,8 @@ from torch.profiler import ProfilerActivity, profile
 
 transformers = pytest.importorskip("transformers")
 
+from memory_model_configs import SMALL, VOCAB, tiny_configs  # noqa: E402  (tests/, shared)
+
 from workbench.big_modeling.errors import BadInputError  # noqa: E402
 from workbench.big_modeling.planning.activation_peak import activation_peak  # noqa: E402
 from workbench.big_modeling.planning.attention_kinds import (  # noqa: E402
@@ -33,162 +35,7 @@ from workbench.big_modeling.planning.kv_cache import (  # noqa: E402
 )
 
 PROMPT = 12  # tokens; every sliding window below is 5
-VOCAB = 100
-_SMALL = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "vocab_size": VOCAB,
-    "num_attention_heads": 4,
-}
-
-
-def _configs() -> dict[str, tuple[object, type]]:
-    tf = transformers
-    return {
-        "llama-gqa": (
-            tf.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=2),
-            tf.LlamaForCausalLM,
-        ),
-        "llama-mha": (
-            tf.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=4),
-            tf.LlamaForCausalLM,
-        ),
-        "gpt2-mha": (
-            tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB),
-            tf.GPT2LMHeadModel,
-        ),
-        "bigcode-mqa": (
-            tf.GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, multi_query=True),
-            tf.GPTBigCodeForCausalLM,
-        ),
-        "mistral-sliding": (
-            tf.MistralConfig(
-                **_SMALL, num_hidden_layers=2, num_key_value_heads=2, sliding_window=5
-            ),
-            tf.MistralForCausalLM,
-        ),
-        "qwen2-sliding": (
-            tf.Qwen2Config(
-                **_SMALL,
-                num_hidden_layers=2,
-                num_key_value_heads=2,
-                sliding_window=5,
-                use_sliding_window=True,
-                max_window_layers=1,
-            ),
-            tf.Qwen2ForCausalLM,
-        ),
-        "gemma2-layer-types": (
-            tf.Gemma2Config(
-                **_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, sliding_window=5
-            ),
-            tf.Gemma2ForCausalLM,
-        ),
-        "gemma3-pattern": (
-            tf.Gemma3TextConfig(
-                **_SMALL,
-                num_hidden_layers=4,
-                num_key_value_heads=2,
-                head_dim=16,
-                sliding_window=5,
-                sliding_window_pattern=2,
-            ),
-            tf.Gemma3ForCausalLM,
-        ),
-        "deepseek-v3-mla-moe": (
-            tf.DeepseekV3Config(
-                **_SMALL,
-                num_hidden_layers=2,
-                num_key_value_heads=4,
-                kv_lora_rank=16,
-                q_lora_rank=32,
-                qk_rope_head_dim=8,
-                qk_nope_head_dim=16,
-                v_head_dim=16,
-                n_routed_experts=4,
-                num_experts_per_tok=2,
-                first_k_dense_replace=1,
-                moe_intermediate_size=32,
-                n_group=1,
-                topk_group=1,
-            ),
-            tf.DeepseekV3ForCausalLM,
-        ),
-        "mamba": (
-            tf.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, state_size=8),
-            tf.MambaForCausalLM,
-        ),
-        "mamba2": (
-            tf.Mamba2Config(
-                hidden_size=64,
-                num_hidden_layers=2,
-                vocab_size=VOCAB,
-                state_size=8,
-                num_heads=8,
-                head_dim=16,
-                n_groups=1,
-            ),
-            tf.Mamba2ForCausalLM,
-        ),
-        "bamba-hybrid": (
-            tf.BambaConfig(
-                **_SMALL,
-                num_hidden_layers=4,
-                num_key_value_heads=2,
-                attn_layer_indices=[1],
-                mamba_n_heads=8,
-                mamba_d_head=16,
-                mamba_d_state=8,
-                mamba_n_groups=1,
-                mamba_expand=2,
-            ),
-            tf.BambaForCausalLM,
-        ),
-        "jamba-hybrid-moe": (
-            tf.JambaConfig(
-                **_SMALL,
-                num_hidden_layers=4,
-                num_key_value_heads=2,
-                attn_layer_period=2,
-                attn_layer_offset=1,
-                expert_layer_period=2,
-                expert_layer_offset=1,
-                num_experts=4,
-                mamba_d_state=8,
-                mamba_expand=2,
-                use_mamba_kernels=False,
-            ),
-            tf.JambaForCausalLM,
-        ),
-        "t5-cross": (
-            tf.T5Config(
-                d_model=64,
-                d_kv=16,
-                d_ff=128,
-                num_layers=2,
-                num_decoder_layers=2,
-                num_heads=4,
-                vocab_size=VOCAB,
-            ),
-            tf.T5ForConditionalGeneration,
-        ),
-        "bart-cross": (
-            tf.BartConfig(
-                d_model=64,
-                encoder_layers=2,
-                decoder_layers=2,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=128,
-                decoder_ffn_dim=128,
-                vocab_size=VOCAB,
-            ),
-            tf.BartForConditionalGeneration,
-        ),
-    }
-
-
-CASES = sorted(_configs())
+CASES = sorted(tiny_configs())
 DECODER_TOKENS = 3  # encoder-decoder cases: PROMPT encoder tokens, 3 decoder tokens
 
 
@@ -206,7 +53,7 @@ def _forward(config: object, model_class: type, **kwargs: object) -> object:
 
 @pytest.mark.parametrize("case", CASES)
 def test_dynamic_cache_bytes_match_exactly(case: str) -> None:
-    config, model_class = _configs()[case]
+    config, model_class = tiny_configs()[case]
     cache = _forward(config, model_class)
     encoder_decoder = getattr(config, "is_encoder_decoder", False)
     predicted = kv_cache_per_layer(
@@ -222,7 +69,7 @@ def test_dynamic_cache_bytes_match_exactly(case: str) -> None:
 
 @pytest.mark.parametrize("case", ["llama-gqa", "gemma2-layer-types", "mistral-sliding"])
 def test_static_cache_bytes_match_exactly(case: str) -> None:
-    config, model_class = _configs()[case]
+    config, model_class = tiny_configs()[case]
     cache = transformers.StaticCache(config=config, max_cache_len=20)
     _forward(config, model_class, past_key_values=cache)
     predicted = kv_cache_per_layer(config, batch=1, context=20, model_dtype=torch.float32)
@@ -230,7 +77,7 @@ def test_static_cache_bytes_match_exactly(case: str) -> None:
 
 
 def test_bf16_model_and_batch_match_exactly() -> None:
-    config, model_class = _configs()["gemma2-layer-types"]
+    config, model_class = tiny_configs()["gemma2-layer-types"]
     torch.manual_seed(0)
     model = model_class(config).to(torch.bfloat16).eval()
     with torch.no_grad():
@@ -246,7 +93,7 @@ def test_bf16_model_and_batch_match_exactly() -> None:
 def test_kinds_read_from_each_config() -> None:
     kinds = {
         case: [layer.label for layer in read_attention_layout(config).layers]
-        for case, (config, _) in _configs().items()
+        for case, (config, _) in tiny_configs().items()
     }
     assert kinds["llama-gqa"] == ["GQA 2 of 4 heads"] * 2
     assert kinds["llama-mha"] == ["MHA 4 of 4 heads"] * 2
@@ -265,7 +112,7 @@ def test_kinds_read_from_each_config() -> None:
 
 
 def test_mla_engines_latent_against_expanded() -> None:
-    config, _ = _configs()["deepseek-v3-mla-moe"]
+    config, _ = tiny_configs()["deepseek-v3-mla-moe"]
     # latent: 1 x 10 tokens x (16 + 8) x 2 B; expanded: 1 x 10 x 4 heads x (16 + 8 + 16) x 2 B
     for engine in ("transformers", "vllm", "sglang"):
         assert kv_cache_per_layer(config, batch=1, context=10, engine=engine)[0].nbytes == 480
@@ -277,7 +124,7 @@ def test_mla_engines_latent_against_expanded() -> None:
 
 
 def test_kv_dtype_scales_attention_not_state() -> None:
-    config, _ = _configs()["bamba-hybrid"]
+    config, _ = tiny_configs()["bamba-hybrid"]
     fp16 = kv_cache_per_layer(config, batch=1, context=64, kv_dtype="fp16", model_dtype="bf16")
     fp8 = kv_cache_per_layer(config, batch=1, context=64, kv_dtype="fp8", model_dtype="bf16")
     assert fp8[1].self_nbytes * 2 == fp16[1].self_nbytes
@@ -285,7 +132,7 @@ def test_kv_dtype_scales_attention_not_state() -> None:
 
 
 def test_unknown_layer_type_falls_back_to_dense_with_warning() -> None:
-    config = transformers.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=2)
+    config = transformers.LlamaConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2)
     config.layer_types = ["full_attention", "ring_attention"]
     with pytest.warns(AttentionKindWarning, match=r"layer_types\[1\]='ring_attention'"):
         layout = read_attention_layout(config)
@@ -294,16 +141,16 @@ def test_unknown_layer_type_falls_back_to_dense_with_warning() -> None:
 
 
 def test_unused_variant_key_is_named() -> None:
-    config = transformers.LlamaConfig(**_SMALL, num_hidden_layers=2)
+    config = transformers.LlamaConfig(**SMALL, num_hidden_layers=2)
     config.attention_window = 256
     with pytest.warns(AttentionKindWarning, match="attention_window=256"):
         read_attention_layout(config)
 
 
 def test_default_context_caps_the_model_maximum() -> None:
-    gpt2, _ = _configs()["gpt2-mha"]
-    mistral, _ = _configs()["mistral-sliding"]
-    t5, _ = _configs()["t5-cross"]
+    gpt2, _ = tiny_configs()["gpt2-mha"]
+    mistral, _ = tiny_configs()["mistral-sliding"]
+    t5, _ = tiny_configs()["t5-cross"]
     assert default_context(gpt2) == 1024
     assert default_context(mistral) == 32768
     assert default_context(mistral, context_cap=8192) == 8192
@@ -324,7 +171,7 @@ def _profiled_peak(model: torch.nn.Module, **inputs: object) -> tuple[int, objec
 
 @pytest.mark.parametrize("case", ["llama-gqa", "gpt2-mha", "qwen2-sliding", "deepseek-v3-mla-moe"])
 def test_eager_prefill_activation_peak_within_10_percent(case: str) -> None:
-    config, model_class = _configs()[case]
+    config, model_class = tiny_configs()[case]
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = model_class(config).eval()
@@ -370,7 +217,7 @@ def test_reserve_per_device_splits_kv_by_layer_placement() -> None:
 
 
 def test_reserve_from_device_map_and_offloaded_layers() -> None:
-    config, _ = _configs()["gemma2-layer-types"]
+    config, _ = tiny_configs()["gemma2-layer-types"]
     device_map = {
         "model.embed_tokens": 0,
         "model.layers.0": 0,
@@ -403,13 +250,13 @@ def test_layer_devices_from_maps() -> None:
     assert layer_devices_from_map(t5_map, 2) == ["cuda:0", "cuda:1"]
     with pytest.raises(BadInputError, match="decoder layer 1"):
         layer_devices_from_map({"model.layers.0": 0, "lm_head": 0}, 2)
-    config, _ = _configs()["llama-gqa"]
+    config, _ = tiny_configs()["llama-gqa"]
     with pytest.raises(BadInputError, match="3 layer devices for 2"):
         reserve_per_device(config, [0, 0, 1], context=8)
 
 
 def test_state_layer_without_state_size_counts_as_dense() -> None:
-    config = transformers.LlamaConfig(**_SMALL, num_hidden_layers=2, num_key_value_heads=2)
+    config = transformers.LlamaConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2)
     config.layer_types = ["linear_attention", "full_attention"]
     with pytest.warns(AttentionKindWarning, match="without a state size"):
         layers = kv_cache_per_layer(config, batch=1, context=8, kv_dtype="fp16")
