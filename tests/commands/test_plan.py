@@ -88,24 +88,33 @@ def test_override_profile_budget_and_emit_code(cli) -> None:
 
 
 def test_auto_reserve_comes_from_the_config(cli) -> None:
-    from workbench.big_modeling.planning.activation_reserve import estimate_activation_reserve
+    from workbench.runtime.planning import MemoryOptions, device_reserves
 
     code, out, err = cli(
-        "plan",
-        "llama-3.1-8b",
-        "--profile",
-        "rtx4090-64gb",
-        "--reserve",
-        "auto",
-        "--prompt-tokens",
-        "512",
-        "--json",
+        "plan", "llama-3.1-8b", "--profile", "rtx4090-64gb", "--reserve", "auto", "--json"
     )
     assert code == 0, err
     data = json.loads(out)
-    expected = estimate_activation_reserve(open_model("llama-3.1-8b").config, 1, 512, "bfloat16")
-    assert data["reserve"] == {"0": expected}
-    assert data["per_device_bytes"]["0"] <= 24 * 2**30 - expected
+    # Llama 3.1 8B at its 131072 maximum capped to 32768 tokens, bf16; every layer runs on the
+    # 4090 (the offloaded ones too), so it keeps all 32 caches: 32 * 32768 * 8 kv heads *
+    # (128 + 128) * 2 B = 4 GiB, plus a 32k prefill's peak: residual 4 * 32768 * 4096 * 2
+    # = 1 GiB + MLP 3 * 32768 * 14336 * 2 = 2.625 GiB -> 7.625 GiB
+    assert data["reserve"] == {"0": int(7.625 * 2**30)}
+    assert data["memory"]["context"] == 32768
+    expected = device_reserves(open_model("llama-3.1-8b"), data["device_map"], MemoryOptions())
+    assert data["reserve"] == {str(d): r.nbytes for d, r in expected.items()}  # the lanes' figure
+    assert data["per_device_bytes"]["0"] <= 24 * 2**30 - 7.625 * 2**30
+
+
+def test_memory_flags_print_why_and_mix_with_no_sizes(cli) -> None:
+    code, out, err = cli(
+        "plan", "llama-3.1-8b", "--max-memory", "0=80GiB", "--context", "8192", "--batch", "2"
+    )
+    assert code == 0, err
+    # 32 layers * 2 sequences * 8192 tokens * 8 * 256 * 2 B = 2 GiB of cache on cuda:0
+    assert "why        layers 0-31 on cuda:0 need 2 GiB of KV cache at 8k context, bf16" in out
+    code, _, err = cli("plan", "llama-3.1-8b", "--reserve", "0=1GiB", "--context", "8192")
+    assert code == 2 and "drop --reserve DEVICE=SIZE or those flags" in err
 
 
 def test_bad_inputs_exit_2(cli, demo_dir: Path) -> None:

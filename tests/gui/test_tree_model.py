@@ -7,8 +7,10 @@ from PySide6.QtCore import QModelIndex, Qt
 from torch import nn
 
 from workbench.gui.tree_model import (
+    COLUMNS,
     DEVICE_COLUMN,
     DEVICE_ROLE,
+    FLAGS_COLUMN,
     NAME_ROLE,
     SIZE_COLUMN,
     SORT_ROLE,
@@ -40,11 +42,11 @@ def test_columns_show_names_sizes_devices_and_flags(tiny_opened) -> None:
     model = ModuleTreeModel()
     model.set_tree(tiny_opened.tree, {"embed": 0, "layers": "cpu", "norm": "disk", "head": 0})
     embed = model.index_of("embed")
-    row = [model.index(embed.row(), c).data() for c in range(6)]
-    # embed: 16 x 8 float32 = 512 B, tied with head
-    assert row == ["embed", "Embedding", "128", "512 B", "cuda:0", "tied"]
+    row = [model.index(embed.row(), c).data() for c in range(len(COLUMNS))]
+    # embed: 16 x 8 float32 = 512 B (planned and stored), tied with head
+    assert row == ["embed", "Embedding", "128", "512 B", "512 B", "cuda:0", "—", "tied"]
     block = model.index_of("layers.2")
-    assert model.index(block.row(), 5, block.parent()).data() == "no-split"
+    assert model.index(block.row(), FLAGS_COLUMN, block.parent()).data() == "no-split"
     # a Block: 2 x (8 x 8 + 8) x 4 B = 576 B
     assert model.index(block.row(), SIZE_COLUMN, block.parent()).data(SORT_ROLE) == 576
     assert model.index(block.row(), DEVICE_COLUMN, block.parent()).data() == "cpu"

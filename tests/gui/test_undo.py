@@ -6,7 +6,7 @@ import pytest
 
 from workbench.gui.commands import SetDeviceMapCommand, push_plan
 from workbench.gui.diff_dialog import map_at_index, show_diff_against_history
-from workbench.gui.tree_model import modules_mime_data
+from workbench.gui.tree_model import DEVICE_COLUMN, modules_mime_data
 from workbench.runtime.map_edits import diff_maps
 
 pytestmark = pytest.mark.gui
@@ -44,7 +44,7 @@ def test_undo_and_redo_restore_each_exact_map(tiny_window) -> None:
         assert window.session.device_map == expected
     # the tree's device column follows undo
     stack.undo()
-    assert window.tree_model.index_of("layers", 4).data() == "mixed"
+    assert window.tree_model.index_of("layers", DEVICE_COLUMN).data() == "mixed"
 
 
 def test_applying_a_plan_is_one_macro_with_budgets(tiny_window) -> None:

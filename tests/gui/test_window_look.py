@@ -156,7 +156,8 @@ def test_toolbar_icons_follow_a_palette_switch_while_running(
 def test_every_toolbar_action_has_its_icon_from_resources(main_window) -> None:
     toolbar = main_window.main_toolbar
     by_action = {id(action): name for name, action in main_window.actions_by_name.items()}
-    text_only = {"load_dispatch", "cancel", "unload"}  # the runtime panels' text buttons
+    # the runtime panels' text buttons, and Convert for loading beside them
+    text_only = {"load_dispatch", "cancel", "unload", "convert_gguf"}
     buttons = [
         a
         for a in toolbar.actions()

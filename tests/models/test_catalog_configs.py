@@ -24,6 +24,9 @@ LARGE = {
     "llama-3.1-405b": 405_853_388_800,
     "mixtral-8x7b": 46_702_792_704,
     "qwen3-30b-a3b": 30_532_122_624,
+    # 671B main model; the multi-token-prediction layer (num_nextn_predict_layers, +14B in
+    # the published checkpoint) is not part of transformers' DeepseekV3ForCausalLM
+    "deepseek-v3": 671_026_404_352,
 }
 
 

@@ -27,8 +27,9 @@ GIB = 2**30
 def test_bundled_profiles_and_their_budgets() -> None:
     names = [profile.name for profile in list_profiles()]
     assert {"rtx4090-64gb", "2x-h100-80gb", "cpu-laptop-16gb", "h200-141gb"} <= set(names)
+    # GPU: 24 GiB - the CUDA margin, 512 MiB + 2 % of 24 GiB = 536870912 + 515396075 B
     assert load_profile("rtx4090-64gb").budgets() == {
-        0: 24 * GIB,
+        0: 24 * GIB - 536870912 - 515396075,
         "cpu": 64 * GIB,
         "disk": 2 * 10**12,
     }
@@ -58,7 +59,8 @@ def test_user_profiles_add_and_override(tmp_path: Path, monkeypatch) -> None:
     )
     _write(folder, "broken", "{not json")
     profile = load_profile("mine")
-    assert profile.budgets() == {0: 12 * 10**9, "cpu": 32 * GIB}
+    # 12e9 B - (512 MiB + 2 % of 12e9 B = 536870912 + 240000000 B); no margin on RAM
+    assert profile.budgets() == {0: 12 * 10**9 - 536870912 - 240000000, "cpu": 32 * GIB}
     assert profile.source == folder / "mine.json"
     assert "mine" in [p.name for p in list_profiles()]  # the broken file is skipped, not fatal
     with pytest.raises(ProfileError, match=r"broken\.json: not valid JSON \(line 1"):
@@ -193,13 +195,19 @@ def test_detected_hardware_matches_this_machine(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_detected_cuda_devices_report_total_and_free() -> None:
+def test_detected_cuda_devices_report_total_and_free(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))  # the link bandwidth cache
     profile = detect_hardware()
     for index in range(torch.cuda.device_count()):
         spec = profile.device(index)
         assert spec.memory_bytes == torch.cuda.get_device_properties(index).total_memory
         assert 0 < spec.free_bytes <= spec.memory_bytes
         assert spec.compute_tflops > 0 and spec.memory_bandwidth_gbps > 0
+        # this process's CUDA context alone holds memory; the budget leaves it and the margin
+        assert spec.held_bytes == spec.memory_bytes - spec.free_bytes > 0
+        assert spec.budget_bytes == spec.free_bytes - spec.safety_margin_bytes
+    assert profile.links_measured and profile.host_to_device_gbps > 0
+    assert "held" in profile.description and "measured" in profile.description
 
 
 def test_round_trip_through_dict() -> None:

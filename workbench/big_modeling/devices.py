@@ -140,25 +140,28 @@ def check_devices_available(
         >>> check_devices_available({"": "cuda:99"})  # doctest: +SKIP
         Traceback (most recent call last):
         ...
-        DeviceMapError: device_map names 1 device this machine does not have: '' -> cuda:99. ...
+        DeviceMapError: device_map puts 1 module(s) on cuda:99, which this machine does not have: ...
     """
     have = available_devices()
     have_set = set(have) | ({"meta"} if allow_meta else set())
     missing = []
+    lacking: dict[str, None] = {}
     for key, value in device_map.items():
         device = normalize_device(value)
         if device not in have_set:
             missing.append(f"{key!r} -> {device_label(device)}")
+            lacking[device_label(device)] = None
     if not missing:
         return
-    listed = ", ".join(sorted(missing)[:20]) + (
-        f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+    listed = ", ".join(sorted(missing)[:8]) + (
+        f" and {len(missing) - 8} more" if len(missing) > 8 else ""
     )
     note = "" if torch.cuda.is_available() else " (no CUDA GPU is visible to torch)"
     if not allow_meta:
         note += "; 'meta' holds no data, so a model there cannot run"
     raise DeviceMapError(
-        f"device_map names {len(missing)} device(s) this machine does not have: {listed}. "
+        f"device_map puts {len(missing)} module(s) on {', '.join(sorted(lacking))}, which this "
+        f"machine does not have: {listed}. "
         f"This machine has {', '.join(device_label(d) for d in have)}{note}. Edit the map or "
         "plan it again for this machine."
     )

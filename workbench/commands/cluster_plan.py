@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from workbench.runtime.cluster_layout import ModelLayout  # noqa: PLC0415 (torch: not at CLI start)
     from workbench.runtime.cluster_plan import GIB, plan_cluster  # noqa: PLC0415 (torch: not at CLI start)
     from workbench.runtime.engine_export import export_launch_scripts, node_scripts  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.formatting import format_nbytes, format_rate  # noqa: PLC0415 (torch: not at CLI start)
 
     if args.batch < 1 or (args.context is not None and args.context < 1):
         raise BadInputError("--batch and --context must be at least 1")
@@ -83,14 +84,15 @@ def run(args: argparse.Namespace) -> int:
         f"KV cache {plan.kv_cache_dtype}"
     )
     print()
-    print(f"{'candidate':<12} {'GPUs':>4} {'fits':>4} {'decode tok/s':>12} {'pipelined':>10} "
-          f"{'prefill tok/s':>13} {'max GiB/GPU':>11}  layers per stage")  # fmt: skip
+    print(f"{'candidate':<12} {'GPUs':>4} {'fits':>4} {'decode':>12} {'pipelined':>12} "
+          f"{'prefill':>14} {'peak per GPU':>12}  layers per stage")  # fmt: skip
     for c in plan.candidates[: max(args.candidates, 1)]:
         worst = max(c.stages, key=lambda s: s.total_bytes)
         print(
             f"{c.label:<12} {c.gpus_used:>4} {'yes' if c.fits else 'no':>4} "
-            f"{c.decode_tokens_per_s:>12.3g} {c.pipelined_tokens_per_s:>10.3g} "
-            f"{c.prefill_tokens_per_s:>13.4g} {worst.total_bytes / GIB:>11.1f}  "
+            f"{format_rate(c.decode_tokens_per_s):>12} "
+            f"{format_rate(c.pipelined_tokens_per_s):>12} "
+            f"{format_rate(c.prefill_tokens_per_s):>14} {format_nbytes(worst.total_bytes):>12}  "
             f"{','.join(map(str, c.layer_partition))}"
         )
     print()

@@ -5,6 +5,12 @@ what-if machine; ``--max-memory`` entries override it), or, with neither, from t
 free memory. ``--emit-code`` prints the equivalent ``from_pretrained`` call. The plan is the
 planner panel's: ``workbench.runtime.planning.plan_opened_model``.
 
+``--reserve auto`` (implied by ``--context``, ``--batch``, ``--kv-dtype``, ``--kv-engine``)
+plans with the memory model: each device keeps free the KV cache of the layers it runs plus
+their activation peak (``runtime.planning.device_reserves``, the numbers the GUI's lanes
+show), and the output says why per device. Config keys the memory model does not understand
+are printed as warnings (it then counts those layers as dense attention).
+
 Torch comes in only when the command runs: the CLI imports this module to build its parser.
 """
 
@@ -13,12 +19,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any
 
 from workbench.commands.inspect import open_with_progress, stage_progress
+from workbench.commands.plan_precisions import (
+    add_precision_arguments,
+    as_plan_result,
+    plan_precisions,
+    precision_code,
+    precision_document,
+    precision_lines,
+)
 from workbench.runtime import BadInputError
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # runtime.planning's (torch)
+KV_DTYPES = ("model", "fp16", "bf16", "fp8", "int8")  # runtime.planning's (torch)
+KV_ENGINES = ("transformers", "transformers-4", "vllm", "sglang")  # runtime.planning's
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,8 +59,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         metavar="DEVICE=SIZE",
         default=[],
-        help="memory kept free for activations, e.g. 0=2GiB; 'auto' estimates it from the "
-        "config for each GPU (or the CPU without GPUs) for a --prompt-tokens prefill",
+        help="memory kept free for activations, e.g. 0=2GiB; 'auto': the memory model, per "
+        "device, the KV cache of the layers it runs plus their activation peak",
+    )
+    parser.add_argument(
+        "--context",
+        type=int,
+        help="tokens the KV cache holds (implies --reserve auto; default: the model's "
+        "max_position_embeddings, at most --context-cap)",
+    )
+    parser.add_argument(
+        "--context-cap",
+        type=int,
+        default=32768,
+        help="cap on the model's maximum context when --context is not given (default 32768)",
+    )
+    parser.add_argument(
+        "--batch", type=int, help="sequences generated together (implies --reserve auto; 1)"
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        help="KV cache dtype (implies --reserve auto; default 'model': the weights' dtype)",
+    )
+    parser.add_argument(
+        "--kv-engine",
+        choices=KV_ENGINES,
+        help="whose MLA cache layout to count (implies --reserve auto; default transformers)",
     )
     parser.add_argument("--profile", help="hardware profile (see `workbench profiles`)")
     parser.add_argument("--dtype", help="dtype the weights will be loaded in (default: as stored)")
@@ -56,6 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--prompt-tokens", type=int, default=128, help="prompt length for TTFT (default 128)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    add_precision_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -95,7 +138,10 @@ def run(args: argparse.Namespace) -> int:
     )
     from workbench.models.speed import predict_speed  # noqa: PLC0415 (torch: not at CLI start)
     from workbench.runtime import save_device_map  # noqa: PLC0415 (torch: not at CLI start)
-    from workbench.runtime.planning import plan_opened_model  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.planning import (  # noqa: PLC0415 (torch: not at CLI start)
+        AttentionKindWarning,
+        plan_opened_model,
+    )
 
     if args.prompt_tokens < 1:
         raise BadInputError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
@@ -108,16 +154,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         profile = detect_hardware()
         budgets = profile.budgets()
+    memory = _memory_options(args)
     opened = open_with_progress(args.source, dtype=args.dtype, quiet=args.json)
-    reserve = _reserve(args.reserve, opened, budgets, args.prompt_tokens)
+    reserve = {} if memory is not None else parse_device_sizes(args.reserve, "--reserve")
     with stage_progress(1, quiet=args.json, desc="planning") as bar:
-        plan = plan_opened_model(
-            opened, max_memory=budgets, strategy=args.strategy, reserve=reserve
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", AttentionKindWarning)
+            plan = plan_opened_model(
+                opened, max_memory=budgets, strategy=args.strategy, reserve=reserve, memory=memory
+            )
         bar.update(1)
+    noted = list(dict.fromkeys(str(w.message) for w in caught))
+    reserve = dict(plan.reserve) if memory is not None else reserve
+    speed_profile = profile_for_budgets(budgets, base=profile)
+    joint = plan_precisions(args, opened, budgets, reserve, speed_profile)
+    plan = as_plan_result(plan, joint) if joint else plan
     if args.output:
         save_device_map(args.output, plan.device_map)
-    speed_profile = profile_for_budgets(budgets, base=profile)
     prediction = predict_speed(
         opened,
         plan.device_map,
@@ -128,16 +181,27 @@ def run(args: argparse.Namespace) -> int:
     code = (
         emit_code(opened, plan.device_map, budgets, source=args.source) if args.emit_code else None
     )
+    if joint:
+        prediction = joint.prediction
+        code = precision_code(opened, joint, budgets, source=args.source) if code else None
     if args.json:
-        json.dump(
-            _plan_document(args, opened, plan, budgets, reserve, prediction, speed_profile, code),
-            sys.stdout,
-            indent=2,
+        document = _plan_document(
+            args, opened, plan, budgets, reserve, prediction, speed_profile, code
         )
+        document["memory"] = _memory_document(opened, memory)
+        document["warnings"] = noted
+        document["quantization"] = precision_document(joint) if joint else None
+        json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     for line in plan_lines(opened, plan, budgets, reserve, args.strategy):
         print(line)
+    for line in precision_lines(joint) if joint else []:
+        print(line)
+    for why in plan.reserve_why.values():
+        print(f"why        {why}")
+    for text in noted:
+        print(f"warning    {text}")
     if args.output:
         print(f"wrote      {args.output}")
     print(f"predicted  {prediction.summary()} on {speed_profile.name}")
@@ -147,18 +211,47 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reserve(
-    items: list[str], opened: Any, budgets: dict[int | str, int], prompt_tokens: int
-) -> dict[int | str, int]:
-    """``--reserve``: DEVICE=SIZE items, or ``auto``: a batch-1 prefill of ``prompt_tokens`` on
-    each GPU (the CPU without GPUs), in the weights' dtype."""
-    from workbench.runtime.planning import activation_reserve  # noqa: PLC0415 (torch: not at CLI start)
+def _memory_options(args: argparse.Namespace) -> Any:
+    """``MemoryOptions`` for ``--reserve auto`` or any memory-model flag, else ``None``.
 
-    if items == ["auto"]:
-        nbytes = activation_reserve(opened, 1, prompt_tokens)
-        gpus = [device for device in budgets if isinstance(device, int)]
-        return {device: nbytes for device in gpus or ["cpu"]}
-    return parse_device_sizes(items, "--reserve")
+    Raises:
+        BadInputError: ``--reserve auto`` mixed with sizes, or a non-positive figure.
+    """
+    from workbench.runtime.planning import MemoryOptions  # noqa: PLC0415 (torch: not at CLI start)
+
+    flags = (args.context, args.batch, args.kv_dtype, args.kv_engine)
+    auto = "auto" in args.reserve
+    if auto and args.reserve != ["auto"]:
+        raise BadInputError("--reserve takes 'auto' or DEVICE=SIZE items, not both")
+    if not auto and all(flag is None for flag in flags):
+        return None
+    if args.reserve and not auto:
+        raise BadInputError(
+            "--context, --batch, --kv-dtype and --kv-engine plan the reserve with the memory "
+            "model; drop --reserve DEVICE=SIZE or those flags"
+        )
+    return MemoryOptions(
+        batch=1 if args.batch is None else args.batch,
+        context=args.context,
+        kv_dtype=args.kv_dtype or "model",
+        engine=args.kv_engine or "transformers",
+        context_cap=args.context_cap,
+    )
+
+
+def _memory_document(opened: Any, memory: Any) -> dict[str, Any] | None:
+    """What the memory model planned for (``None`` without it), with the resolved context."""
+    from workbench.runtime.planning import planned_context  # noqa: PLC0415 (torch: not at CLI start)
+
+    if memory is None:
+        return None
+    return {
+        "batch": memory.batch,
+        "context": planned_context(opened, memory),
+        "context_cap": memory.context_cap,
+        "kv_dtype": memory.kv_dtype,
+        "engine": memory.engine,
+    }
 
 
 def plan_lines(
@@ -250,6 +343,7 @@ def _plan_document(
         "dtype": dtype_name(planning_dtype(opened)),
         "budgets": {str(device): nbytes for device, nbytes in budgets.items()},
         "reserve": {str(device): nbytes for device, nbytes in reserve.items()},
+        "reserve_why": {str(device): why for device, why in plan.reserve_why.items()},
         "device_map": plan.device_map,
         "per_device_bytes": {
             str(device): nbytes for device, nbytes in plan.per_device_bytes.items()

@@ -95,6 +95,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="above 1, tokens already in the text become less likely (greedy too)",
     )
     parser.add_argument("--dtype", help="load weights in this dtype (default: as stored)")
+    quantization = parser.add_mutually_exclusive_group()
+    quantization.add_argument(
+        "--quantize",
+        metavar="PRECISION",
+        help="quantize every Linear with torchao (int8, int4-g32/64/128, fp8), keeping lm_head, "
+        "tied weights and MoE routers as loaded; --verify then reports top-1 agreement",
+    )
+    quantization.add_argument(
+        "--precision-map",
+        metavar="MAP.json",
+        help='per-module precisions, e.g. {"": "bfloat16", "model.layers": "int4-g64"}',
+    )
     parser.add_argument("--profile", help="hardware profile for the predicted speed")
     parser.add_argument("--verify", action="store_true", help="compare with an undispatched run")
     parser.add_argument(
@@ -162,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     record = read_device_map(args.device_map).model_record if args.device_map else None
     # a wrapped map's model record is checked against the model once the worker has built it
     options = {"model_record": record, "map_file": args.device_map} if record else {}
+    options |= _quantization_options(args)
     printer = _Printer(json_mode=args.json)
     runner: _Runner = _InProcess(printer) if args.in_process else _ThroughWorker(printer)
     report: dict[str, Any] = {"source": str(args.source), "device_map": args.device_map}
@@ -189,6 +202,27 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     return 1 if args.verify and not report["verify"]["passed"] else 0
+
+
+def _quantization_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The load options for ``--quantize`` / ``--precision-map`` (the worker applies them).
+
+    Raises:
+        BadInputError: the map file is not a JSON object of module name -> precision name.
+    """
+    from workbench.runtime import read_json  # noqa: PLC0415 (torch: not at CLI start)
+
+    if args.quantize:
+        return {"quantize": args.quantize}
+    if not args.precision_map:
+        return {}
+    fix = 'write {"module name": "precision", ...}, e.g. {"": "bfloat16", "model.layers": "int8"}'
+    value = read_json(args.precision_map, what="a precision map", fix=fix, error=BadInputError)
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BadInputError(f"{args.precision_map}: expected a JSON object of strings; {fix}")
+    return {"precision_map": value}
 
 
 def _chat_in_terminal(
@@ -435,6 +469,7 @@ class _Printer:
             f"{d} {n / 2**20:.1f} MiB" for d, n in summary.nbytes_by_device.items()
         )
         print(f"loaded {summary.model_class} in {summary.load_s:.2f} s ({per_device})")
+        _print_memory(summary.memory)
 
     def say(self, line: str) -> None:
         """A line for people (nothing in ``--json`` mode: stdout holds the document)."""
@@ -497,9 +532,18 @@ class _Printer:
                 )
         else:
             print("no weight transfers in the last forward (everything resident)")
+        _print_memory(result.memory)
 
     def verify(self, result: VerifyResult) -> None:
         if self.json_mode:
+            return
+        if result.top1_positions and not result.exact:  # a quantized load
+            percent = 100 * result.top1_agreed // result.top1_positions
+            print(
+                f"verify: {'PASS' if result.passed else 'FAIL'} against {result.reference}: "
+                f"top-1 agreement {percent}% ({result.top1_agreed}/{result.top1_positions}), "
+                f"max |dlogit| {result.max_abs_diff:.2g}, mean {result.mean_abs_diff:.2g}"
+            )
             return
         if result.exact:
             verdict = "identical"
@@ -523,4 +567,23 @@ class _Printer:
 
 
 def _as_json(value: Any) -> Any:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    """A result as plain data; its memory record with predicted totals and errors per device."""
+    if not dataclasses.is_dataclass(value):
+        return value
+    data = dataclasses.asdict(value)
+    memory = getattr(value, "memory", None)
+    if memory is not None:
+        data["memory"] = memory.as_json()
+    return data
+
+
+def _print_memory(memory: Any) -> None:
+    """The predicted-vs-measured table of a load or a run (nothing when not measured)."""
+    if memory is None:
+        return
+    what = "after the load" if memory.job == "load" else "during the run"
+    print(f"memory {what}, predicted against measured:")
+    for line in memory.table_lines():
+        print(f"  {line}")
+    for note in memory.notes:
+        print(f"  note: {note}")

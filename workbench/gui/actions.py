@@ -200,6 +200,14 @@ ACTIONS: tuple[ActionSpec, ...] = (
         enabled_when=needs_model,
     ),
     ActionSpec(
+        "fit_table",
+        "What &fits where…",
+        tip="Every hardware profile by context length: full GPU, partial offload, CPU only "
+        "or does not fit, with predicted tok/s and TTFT; double-click one to use it",
+        enabled_when=needs_model,
+        object_name="fitTableAction",
+    ),
+    ActionSpec(
         "diff_file",
         "&Diff against map file…",
         icon="diff",
@@ -222,6 +230,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("load_dispatch", "Load && dispatch"),
     ActionSpec("cancel", "Cancel"),
     ActionSpec("unload", "Unload"),
+    # provided by workbench.gui.convert_action (enabled while a .gguf is open and idle)
+    ActionSpec("convert_gguf", "Con&vert for loading"),
 )
 """Every action of the main window."""
 
@@ -249,7 +259,19 @@ MENUS: tuple[MenuSpec, ...] = (
     ),
     MenuSpec("&Edit", ("undo", "redo", SEPARATOR, MOVE_SUBMENU)),
     MenuSpec("&View", ("filter", "expand", SEPARATOR, DOCKS)),
-    MenuSpec("&Tools", ("plan", "compare", "diff_file", "diff_history", "cluster_plan")),
+    MenuSpec(
+        "&Tools",
+        (
+            "plan",
+            "compare",
+            "fit_table",
+            "diff_file",
+            "diff_history",
+            "cluster_plan",
+            SEPARATOR,
+            "convert_gguf",
+        ),
+    ),
 )
 """The menu bar, left to right."""
 
@@ -267,6 +289,7 @@ TOOLBAR: tuple[str, ...] = (
     "undo",
     "redo",
     SEPARATOR,
+    "convert_gguf",
     "load_dispatch",
     "cancel",
     "unload",

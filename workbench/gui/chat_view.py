@@ -19,9 +19,18 @@ from __future__ import annotations
 import html
 
 from PySide6.QtGui import QPalette, QTextCursor
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSizePolicy,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
 
 ROLE_LABELS = {"user": "You", "assistant": "Model"}
+TRANSCRIPT_MIN_LINES = 5
 
 
 class ChatView(QWidget):
@@ -52,7 +61,12 @@ class ChatView(QWidget):
             "The conversation shows here: type a message below and Run (Ctrl+Enter)"
         )
         lines = self.fontMetrics().lineSpacing()
-        self.transcript.setMinimumHeight(2 * lines + 10)
+        # a question and the start of its answer stay readable when the figures below grow
+        # (after a run and a verify); a shorter dock scrolls the panel instead
+        self.transcript.setMinimumHeight(TRANSCRIPT_MIN_LINES * lines + 10)
+        # it takes the room there is, but asks for no more than its minimum: the panel's scroll
+        # area then scrolls only when even the minimum does not fit
+        self.transcript.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
         self.template_label = QLabel(self)
         self.template_label.setWordWrap(False)
         top = QHBoxLayout()

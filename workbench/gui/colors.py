@@ -70,6 +70,12 @@ def device_color(device: int | str | object) -> QColor:
     return QColor(_NAMED_HEXES.get(canonical.split(":")[0], _UNKNOWN_HEX))
 
 
+def stage_color(stage_index: int) -> QColor:
+    """Return the colour of pipeline stage ``stage_index`` (the GPU colours, by index), the
+    same in the cluster view's lanes and the module tree's stage bands."""
+    return QColor(_GPU_HEXES[stage_index % len(_GPU_HEXES)])
+
+
 def text_color_on(background: QColor) -> QColor:
     """Return black or white, whichever reads better on ``background``."""
     luminance = 0.299 * background.redF() + 0.587 * background.greenF() + 0.114 * background.blueF()

@@ -199,6 +199,14 @@ def verify_summary(value: VerifyResult) -> tuple[str, str]:
             f"\n\ngreedy continuation, dispatched: {value.greedy_text!r}"
             f"\ngreedy continuation, reference: {value.greedy_reference_text!r}"
         )
+    if value.top1_positions and not value.exact:  # a quantized load: agreement, not equality
+        percent = 100 * value.top1_agreed // value.top1_positions  # floor: never a false 100%
+        text = (
+            f"<b style='color:{color}'>{verdict}</b> top-1 agreement {percent}% "
+            f"({value.top1_agreed}/{value.top1_positions}) · max |dlogit| "
+            f"{value.max_abs_diff:.2g} · mean {value.mean_abs_diff:.2g}{greedy}"
+        )
+        return text, f"reference: {value.reference}{tip}"
     text = (
         f"<b style='color:{color}'>{verdict}</b> max |abs| {value.max_abs_diff:.3g} · "
         f"max rel {value.max_rel_diff:.3g}{exact}{greedy}"

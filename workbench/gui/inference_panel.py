@@ -58,6 +58,7 @@ from workbench.gui.inference_figures import (
     verify_record,
     verify_summary,
 )
+from workbench.gui.memory_reconcile_view import MemoryReconcileWidget
 from workbench.gui.plots import group_layer_timings
 from workbench.gui.run_history import RunHistoryWidget
 from workbench.gui.sampling_controls import SamplingControls
@@ -150,6 +151,7 @@ class InferencePanel(QWidget):
         self.output_edit.setReadOnly(True)
         self.output_edit.setPlaceholderText("Generated text streams here")
         self.output_edit.setMinimumHeight(2 * lines + 10)
+        self.output_edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
         self.ttft_label = QLabel("—", self)
         self.rate_label = QLabel("—", self)
         self.tokens_label = QLabel("—", self)
@@ -159,9 +161,11 @@ class InferencePanel(QWidget):
         self.status_label = QLabel("load a model to run it", self)
         # a long failure message must not widen the panel: it is cut, and whole in the tooltip
         self.status_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.status_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.layer_caption = QLabel("no finished run yet", self)
         self.layer_table = make_layer_table(self, row_height=lines + 6)
         self.history = RunHistoryWidget(self)
+        self.memory_view = MemoryReconcileWidget(bridge, self)  # predicted vs measured bytes
         self.loaded_label = QLabel("Runs on: no model loaded", self)
         self.loaded_label.setObjectName("loadedModelLabel")
         self.loaded_label.setWordWrap(True)
@@ -206,7 +210,11 @@ class InferencePanel(QWidget):
         controls.addWidget(self.verify_button)
         controls.addWidget(self.stop_button)
         controls.addWidget(self.new_chat_button)
-        controls.addWidget(self.status_label, 1)  # beside the buttons: one line less to fit
+        controls.addStretch(1)
+        # the status sits beside "Runs on:", where it has the room to show whole
+        top = QHBoxLayout()
+        top.addWidget(self.loaded_label, 1)
+        top.addWidget(self.status_label, 1)
         figures = QGridLayout()  # two rows of two figures: the panel fits a short dock
         figures.setVerticalSpacing(2)
         for position, (title, label) in enumerate(
@@ -227,7 +235,7 @@ class InferencePanel(QWidget):
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.setSpacing(4)
-        left_layout.addWidget(self.loaded_label)
+        left_layout.addLayout(top)
         left_layout.addWidget(self.chat_view, 1)
         left_layout.addWidget(self.prompt_edit)
         left_layout.addLayout(controls)
@@ -243,20 +251,28 @@ class InferencePanel(QWidget):
         self.side_tabs.addTab(layers, "Per-layer timing")
         self.side_tabs.addTab(self.history, "Run history")
         self.side_tabs.addTab(self.sampling_controls, "")
-        splitter = QSplitter(Qt.Orientation.Horizontal, self)
-        splitter.addWidget(left)
-        splitter.addWidget(self.side_tabs)
-        splitter.setStretchFactor(0, 1)
-        splitter.setStretchFactor(1, 1)
-        # in a dock shorter than the panel's minimum, the panel scrolls instead of holding the
-        # dock tall
+        self.side_tabs.addTab(self.memory_view, "Memory")
+        # in a dock shorter than the left side's minimum, it scrolls instead of holding the dock
+        # tall. Its own scroll area, not one around the splitter: a scroll area counts the
+        # height the wrapped figures need (height for width) only for a widget with a layout,
+        # and without that a long verdict squeezed the chat under the prompt
         scroll = QScrollArea(self)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setWidget(splitter)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(left)
+        splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        splitter.addWidget(scroll)
+        splitter.addWidget(self.side_tabs)
+        splitter.setStretchFactor(0, 1)
+        splitter.setStretchFactor(1, 1)
+        outer = QScrollArea(self)  # the side tabs' minimum, in a dock shorter still
+        outer.setWidgetResizable(True)
+        outer.setFrameShape(QFrame.Shape.NoFrame)
+        outer.setWidget(splitter)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
-        layout.addWidget(scroll)
+        layout.addWidget(outer)
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -309,6 +325,8 @@ class InferencePanel(QWidget):
         if chat and self.prompt_edit.toPlainText() == RAW_DEFAULT_PROMPT:
             self.prompt_edit.setPlainText(CHAT_DEFAULT_MESSAGE)
         self.set_mode(CHAT if chat else RAW)
+        if summary.memory is not None:  # no run yet: the load's measured memory is the news
+            self.side_tabs.setCurrentWidget(self.memory_view)
 
     def _on_mode_combo_changed(self, *_: object) -> None:
         chat = self.mode == CHAT
@@ -484,6 +502,9 @@ class InferencePanel(QWidget):
         if event.request_id != self.request_id:
             return
         self._answer += event.text
+        self._streamed.append(event.elapsed_s)
+        if self._stale:  # for a model no longer on screen: its record keeps the figures
+            return
         if self._chat_turn:
             self.chat_view.stream(event.text)
         else:
@@ -492,7 +513,6 @@ class InferencePanel(QWidget):
             cursor.insertText(event.text)
             self.output_edit.setTextCursor(cursor)
         self.tokens_label.setText(str(event.index + 1))
-        self._streamed.append(event.elapsed_s)
         if event.index == 0:
             self.ttft_label.setText(format_seconds(event.elapsed_s))
 
@@ -509,8 +529,10 @@ class InferencePanel(QWidget):
         elif isinstance(event.value, VerifyResult):
             self._show_verify(record, event.value)
         self.history.model.update(record)
-        if self._stale and record.kind == "verify":  # for a model no longer on screen
-            self._show_status(f"verify run {record.run_id} done for another model; see history")
+        if self._stale:  # for a model no longer on screen: history and log only
+            self._show_status(
+                f"{record.kind} run {record.run_id} done for another model; see history"
+            )
             logger.info("%s (for a model no longer on screen: not shown)", outcome(record))
         else:
             self._show_status(f"{record.kind} done")
@@ -528,7 +550,10 @@ class InferencePanel(QWidget):
         reason = re.sub(rf"^{record.kind} (cancelled|failed): ", "", event.message or "")
         message = reason if reason.startswith(record.kind) else f"{record.kind} {record.status}"
         message += f": {reason}" if reason and message != reason else ""
-        if record.kind == "infer":
+        if record.kind == "infer" and self._stale:  # for a model no longer on screen
+            self._keep_partial(record, show=False)
+            message += f" ({plural(record.new_tokens, 'token')} generated, another model)"
+        elif record.kind == "infer":
             self._keep_partial(record)
             message += f" ({plural(record.new_tokens, 'token')} generated)"
             if self._chat_turn and record.status == "stopped":
@@ -547,14 +572,17 @@ class InferencePanel(QWidget):
         logger.info("%s", outcome(record, reason))
         self.set_available(self._loaded_map() is not None and event.kind != "worker_died")
 
-    def _keep_partial(self, record: RunRecord) -> None:
-        """Put the figures of the tokens streamed before a stop into the labels and ``record``."""
+    def _keep_partial(self, record: RunRecord, *, show: bool = True) -> None:
+        """Put the figures of the tokens streamed before a stop into ``record`` and, when
+        ``show``, into the labels."""
         streamed = self._streamed
         record.new_tokens = len(streamed)
         record.text = self._answer
         record.ttft_s = streamed[0] if streamed else None
         if len(streamed) > 1 and streamed[-1] > streamed[0]:
             record.tokens_per_s = (len(streamed) - 1) / (streamed[-1] - streamed[0])
+        if not show:
+            return
         self.ttft_label.setText("—" if record.ttft_s is None else format_seconds(record.ttft_s))
         self.rate_label.setText(
             "—"
@@ -590,6 +618,8 @@ class InferencePanel(QWidget):
         record.text = value.text.rstrip("\ufffd")
         record.predicted_for = value.predicted_for
         record.settings["stopped by"] = STOP_REASONS.get(value.stop_reason, value.stop_reason)
+        if self._stale:  # started for a model no longer on screen: history and log only
+            return
         source = self.loaded_summary.source if self.loaded_summary is not None else ""
         empty = no_text_note(value.new_tokens, record.text, source)
         if self._chat_turn:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from PySide6.QtCore import QMimeData, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QDragEnterEvent, QDragMoveEvent, QDropEvent, QPainter, QPaintEvent
@@ -39,7 +40,8 @@ class LaneState:
         used_bytes: planning bytes placed on the device.
         budget_bytes: the device budget; ``0`` means the device may hold nothing, ``None``
             means no budget is set (never over budget).
-        reserve_bytes: bytes kept free for activations on this device.
+        reserve_bytes: bytes kept free for activations and the KV cache on this device.
+        reserve_why: the memory model's words for that reserve (``""`` for a fixed one).
         blocks: compacted names of the map entries on the device.
         in_profile: False for a device the map uses but the profile lacks.
     """
@@ -51,6 +53,7 @@ class LaneState:
     reserve_bytes: int
     blocks: tuple[str, ...]
     in_profile: bool = True
+    reserve_why: str = ""
 
     @property
     def excess_bytes(self) -> int:
@@ -64,12 +67,25 @@ class LaneState:
         return self.excess_bytes > 0 or not self.in_profile
 
 
+def _reserve_on(
+    device: int | str,
+    reserves: Mapping[int | str, Any] | None,
+    reserve_bytes: int,
+    reserve_device: int | str | None,
+) -> int:
+    if reserves is not None:
+        reserve = reserves.get(device)
+        return int(reserve.nbytes) if reserve is not None else 0
+    return reserve_bytes if device == reserve_device else 0
+
+
 class CapacityBar(QWidget):
     """Used / budget with the reserved share drawn separately; red with the excess when over."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._state: LaneState | None = None
+        self.measured_note = ""  # the worker's measured figures for this device, if current
         self.setMinimumHeight(18)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
@@ -78,7 +94,7 @@ class CapacityBar(QWidget):
 
     def set_state(self, state: LaneState) -> None:
         self._state = state
-        self.setToolTip(_bar_tooltip(state))
+        self.setToolTip("\n".join(filter(None, (_bar_tooltip(state), self.measured_note))))
         self.update()
 
     def paintEvent(self, event: QPaintEvent) -> None:
@@ -114,6 +130,8 @@ def _bar_tooltip(state: LaneState) -> str:
     lines = [f"{format_nbytes(state.used_bytes)} placed on {device_label(state.device)}"]
     if state.reserve_bytes:
         lines.append(f"{format_nbytes(state.reserve_bytes)} reserved for activations / KV cache")
+        if state.reserve_why:
+            lines.append(state.reserve_why)
     if state.budget_bytes is not None:
         lines.append(f"budget {format_nbytes(state.budget_bytes)}")
     if state.excess_bytes:
@@ -251,6 +269,8 @@ class LanesWidget(QWidget):
         self._map_problem_count = 0
         self.map_problems: list[str] = []  # the map is wrong for the model: it cannot load
         self.budget_problems: list[str] = []  # over budget, a device the profile lacks
+        # (map measured on, device label -> note) of the loaded model's last measurement
+        self._measured: tuple[dict[str, int | str], dict[str, str]] | None = None
         self._layout = QVBoxLayout(self)
         self._layout.setContentsMargins(4, 4, 4, 4)
         self._layout.setSpacing(6)
@@ -301,8 +321,13 @@ class LanesWidget(QWidget):
         reserve_device: int | str | None = None,
         titles: Mapping[int | str, str] | None = None,
         load_check: LoadCheck | None = None,
+        reserves: Mapping[int | str, Any] | None = None,
     ) -> None:
         """Rebuild every lane's state from the map, budgets and reserve.
+
+        ``reserves`` (the memory model's ``DeviceReserve`` per device, with ``nbytes`` and
+        ``why``) gives each device its own reserve; without it ``reserve_bytes`` is kept on
+        ``reserve_device`` only.
 
         A budget of ``0`` means the device may hold nothing; ``None`` means no limit.
         ``load_check`` is the shared check of ``workbench.runtime.load_check``: its map
@@ -325,12 +350,14 @@ class LanesWidget(QWidget):
                     title=f"{label} · {titles[device]}" if titles.get(device) else label,
                     used_bytes=used.get(device, 0),
                     budget_bytes=_budget_of(budgets, device),
-                    reserve_bytes=reserve_bytes if device == reserve_device else 0,
+                    reserve_bytes=_reserve_on(device, reserves, reserve_bytes, reserve_device),
+                    reserve_why=getattr((reserves or {}).get(device), "why", ""),
                     blocks=tuple(blocks),
                     in_profile=device in budgets,
                 )
             )
         self._sync_lane_widgets([s.device for s in states])
+        self._apply_measured_notes()
         for lane, state in zip(self.lanes, states, strict=True):
             lane.set_state(state)
         problems = self._problems(index, states)
@@ -344,6 +371,28 @@ class LanesWidget(QWidget):
             [*load_check.device_problems, *load_check.weight_problems] if load_check else []
         )
         self._show_problems()
+
+    def show_measured(self, record: Any, device_map: Mapping[str, int | str] | None) -> None:
+        """Put a ``MemoryReconciliation``'s measured figures in the capacity bars' tooltips,
+        beside the predicted ones, while the lanes show ``device_map`` (the map the record was
+        measured on); ``record=None`` removes them (the model is no longer loaded)."""
+        if record is None or device_map is None:
+            self._measured = None
+        else:
+            when = "after the load" if record.job == "load" else "in the last run"
+            notes = {row.device: row.describe_measured(when) for row in record.devices}
+            self._measured = (dict(device_map), notes)
+        self._apply_measured_notes()
+        for lane in self.lanes:
+            if lane.state is not None:
+                lane.bar.set_state(lane.state)
+
+    def _apply_measured_notes(self) -> None:
+        measured = self._measured
+        current = measured is not None and measured[0] == self.device_map
+        for lane in self.lanes:
+            note = measured[1].get(device_label(lane.device), "") if current else ""
+            lane.bar.measured_note = note
 
     def _problems(self, index: MapIndex | None, states: list[LaneState]) -> list[str]:
         self._map_problem_count = 0

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 ErrorPresenter = Callable[[str, str, str], None]  # (title, message, details)
 _BAR_STEPS = 1000
+_BYTE_PHASES = ("loading", "offloading")  # the phases whose Progress counts bytes read
 FULL_BAR_MS = 1500  # a finished load leaves the bar at 100% this long, so the user sees it
 
 
@@ -102,6 +103,7 @@ class LoadProgressWidget(QWidget):
     def show_done(self) -> None:
         """Show the bar full for ``FULL_BAR_MS``, then hide it (a load finished)."""
         self.set_busy(False)
+        self.bar.setRange(0, _BAR_STEPS)
         self.bar.setValue(_BAR_STEPS)
         self.bar.setFormat("100%")
         self.bar.setVisible(True)
@@ -112,10 +114,17 @@ class LoadProgressWidget(QWidget):
         self.reload_button.setVisible(stale)
 
     def show_progress(self, event: Progress, phase: str | None = None) -> None:
+        """Show the bytes of ``event``; the bar follows them while tensors are read, and is a
+        busy indicator in the phases that read none (building, dispatching), rather than
+        standing at 0% or 100% while the worker is busy."""
         self._last_progress = event
         fraction = event.fraction
-        self.bar.setValue(round(fraction * _BAR_STEPS))
-        self.bar.setFormat(f"{fraction:.0%}")
+        if (phase or event.phase) in _BYTE_PHASES and event.bytes_total > 0:
+            self.bar.setRange(0, _BAR_STEPS)
+            self.bar.setValue(round(fraction * _BAR_STEPS))
+            self.bar.setFormat(f"{fraction:.0%}")
+        else:
+            self.bar.setRange(0, 0)  # busy: this phase has no bytes to count
         parts = [
             phase or event.phase,
             f"{format_nbytes(event.bytes_done)} / {format_nbytes(event.bytes_total)}",
@@ -134,6 +143,8 @@ class LoadProgressWidget(QWidget):
             self.show_progress(self._last_progress, phase)
         else:
             self.label.setText(f"{phase}…")
+            if phase not in _BYTE_PHASES:
+                self.bar.setRange(0, 0)  # busy until the first bytes are read
 
     def show_message(self, text: str) -> None:
         self.label.setText(text)
@@ -142,6 +153,7 @@ class LoadProgressWidget(QWidget):
     def reset(self) -> None:
         """Forget the last progress report (a new load starts)."""
         self._last_progress = None
+        self.bar.setRange(0, _BAR_STEPS)
         self.bar.setValue(0)
         self.bar.setFormat("0%")
 

@@ -52,7 +52,9 @@ from workbench.gui.actions import (
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.cluster_view import show_cluster_plan
 from workbench.gui.commands import push_move
+from workbench.gui.convert_action import GGUFConversion
 from workbench.gui.diff_dialog import show_diff_against_file, show_diff_against_history
+from workbench.gui.fit_dialog import show_fit_table
 from workbench.gui.hardware_selector import BudgetEditor, HardwareSelector
 from workbench.gui.lanes import LanesWidget
 from workbench.gui.log_view import LogView
@@ -85,10 +87,15 @@ from workbench.runtime import dtype_name, normalize_device
 from workbench.runtime.formatting import format_nbytes, format_param_count
 from workbench.runtime.load_check import LoadCheck, check_load
 from workbench.runtime.map_edits import MoveRefused
+from workbench.runtime.precision_session import planned_tree
 from workbench.runtime.session import Session, SessionChange
 from workbench.wording import plural
 
 logger = logging.getLogger(__name__)
+# the session changes the lanes and the status bar show
+_REFRESHING_CHANGES = (
+    "device_map", "budgets", "reserve", "profile", "opened", "restored", "precision_map"
+)
 
 
 class _SessionSignals(QObject):
@@ -179,6 +186,7 @@ class MainWindow(QMainWindow):
         )
         self._build_runtime_tabs()
         self._build_status_bar()
+        self.gguf_conversion = GGUFConversion(self)  # Tools > Convert for loading
         self.action_set = self._build_actions()
         self.actions_by_name = self.action_set.actions
         self.main_toolbar = self.action_set.build_toolbar(
@@ -195,6 +203,9 @@ class MainWindow(QMainWindow):
         self._unsubscribe = self.session.subscribe(self._session_signals.changed.emit)
         self.lanes.move_refused.connect(self._on_lanes_move_refused)
         self.lanes.drag_hint.connect(lambda text: self.statusBar().showMessage(text, 3000))
+        self.runtime_panels.inference_panel.memory_view.record_shown.connect(
+            self.lanes.show_measured  # measured beside predicted in the lane tooltips
+        )
         self.budget_editor.budgets_edited.connect(self.edit_budgets)
         self.tree_panel.filter_error.connect(lambda text: self.statusBar().showMessage(text, 5000))
 
@@ -225,7 +236,7 @@ class MainWindow(QMainWindow):
         self.main_splitter.addWidget(right)
         self.main_splitter.setStretchFactor(0, 3)
         self.main_splitter.setStretchFactor(1, 2)
-        self.main_splitter.setSizes([560, 440])
+        self.main_splitter.setSizes([600, 400])  # the tree's columns, the lanes' bars
         self.setCentralWidget(self.main_splitter)
 
     def _build_docks(self) -> None:
@@ -280,6 +291,7 @@ class MainWindow(QMainWindow):
             "diff_file": lambda: show_diff_against_file(self),
             "diff_history": lambda: show_diff_against_history(self),
             "cluster_plan": lambda: show_cluster_plan(self),
+            "fit_table": lambda: show_fit_table(self),
         }
         for number in range(1, MAX_LANE_SHORTCUTS + 1):
             handlers[f"lane_{number}"] = lambda n=number: self._move_to_lane(n)
@@ -292,6 +304,7 @@ class MainWindow(QMainWindow):
                 "load_dispatch": panels.load_action,
                 "cancel": panels.cancel_action,
                 "unload": panels.unload_action,
+                "convert_gguf": self.gguf_conversion.action,
             },
         )
         follow_command_text(undo, "Undo", stack.undoTextChanged)
@@ -380,7 +393,7 @@ class MainWindow(QMainWindow):
         self.undo_stack.setClean()
         app_settings.add_recent_model(str(source))
         self.refresh_recent_menu()
-        self.tree_model.set_tree(self.session.tree, self.session.device_map)
+        self.tree_model.set_tree(self.session.tree, self.session.device_map, gguf=self._gguf())
         self.refresh()
         _freeze_gc_for(self.session.tree)
 
@@ -509,8 +522,11 @@ class MainWindow(QMainWindow):
         if change.what in ("profile", "restored") and self.session.profile is not None:
             self.hardware.adopt_profile(self.session.profile, replace=False)
         if change.what == "opened":
-            self.tree_model.set_tree(self.session.tree, self.session.device_map)
-        if change.what in ("device_map", "budgets", "reserve", "profile", "opened", "restored"):
+            self.tree_model.set_tree(self.session.tree, self.session.device_map, gguf=self._gguf())
+        if change.what in ("precision_map", "opened", "restored"):
+            self.tree_model.set_precision_map(self.session.precision_map)
+            self.tree_view.viewport().update()  # rows below the top level show it too
+        if change.what in _REFRESHING_CHANGES:
             self.refresh()
             self.hardware.speed_timer.start()
         if change.what in ("budgets", "profile", "restored"):
@@ -537,13 +553,14 @@ class MainWindow(QMainWindow):
         self.budget_editor.set_budgets(budgets, titles)
         self.load_check = check_load(session.opened, session.device_map) if session.opened else None
         self.lanes.update_lanes(
-            session.tree,
+            planned_tree(session),  # the bytes at the session's precisions
             session.device_map,
             budgets,
             reserve_bytes=session.reserve,
             reserve_device=self.execution_device(),
             titles=titles,
             load_check=self.load_check,
+            reserves=self.planner_panel.lane_reserves(session.device_map),
         )
         tree = session.tree
         if tree is None:
@@ -576,6 +593,10 @@ class MainWindow(QMainWindow):
         self.devices_status.setText(plural(len(self.lanes.lanes), "device"))
         self._update_title()
         self.refresh_actions()
+
+    def _gguf(self) -> Any:
+        """The open model's GGUF header, or ``None`` when it was not opened from a GGUF."""
+        return getattr(self.session.opened, "gguf", None)
 
     def window_state(self) -> WindowState:
         """What the actions' enabled states depend on (a model, a selection)."""
@@ -695,9 +716,10 @@ class MainWindow(QMainWindow):
         )
 
     def _default_dock_sizes(self) -> None:
-        """A bottom dock tall enough to read the memory plot (three tenths of the window,
-        200 to 320 px); a planner dock wide enough for its form, no sideways scroll."""
-        bottom = min(320, max(200, self.height() * 3 // 10))
+        """A bottom dock tall enough to read the memory plot and a chat with its figures (a
+        third of the window, 220 to 340 px); a planner dock wide enough for its form, no
+        sideways scroll."""
+        bottom = min(340, max(220, self.height() // 3))
         self.resizeDocks([self.bottom_dock], [bottom], Qt.Orientation.Vertical)
         scroll = self.planner_dock.widget()
         needed = (

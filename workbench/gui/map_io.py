@@ -47,6 +47,7 @@ from workbench.runtime import (
 from workbench.runtime.formatting import format_nbytes
 from workbench.runtime.map_code import checkpoint_location, from_pretrained_code
 from workbench.runtime.map_edits import MapIndex, compact_names
+from workbench.runtime.precision_session import precision_section
 from workbench.wording import plural
 
 if TYPE_CHECKING:
@@ -295,7 +296,13 @@ def export_device_map(
         profile = window.hardware_profile()
         if profile is not None:
             metadata["profile"] = profile.to_dict()
-    save_device_map(target, dict(window.session.device_map), **metadata)
+    session = window.session
+    quantization = (
+        precision_section(session.opened, session.precision_map)
+        if wrapped and session.precision_map
+        else None
+    )
+    save_device_map(target, dict(session.device_map), quantization=quantization, **metadata)
     logger.info("exported device map to %s", target)
     return target
 

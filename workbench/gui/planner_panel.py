@@ -1,11 +1,17 @@
 """The planner panel: options, candidate maps of several strategies side by side, apply.
 
-Options are prefilled from the session and the model (budgets, dtype, no-split classes,
-reserve by batch size and sequence length or in bytes). "Compare" plans every checked strategy
+Options are prefilled from the session and the model (budgets, dtype, no-split classes).
+The reserve is the memory model's (batch, context, KV dtype, MLA engine; persisted in
+``QSettings``): each device keeps free the KV cache of the layers it runs plus their
+activation peak (``runtime.planning.device_reserves``, which the lanes show too), or a fixed
+number of bytes on the execution device. Config keys the memory model does not understand
+are named in a warning line under the options. "Compare" plans every checked strategy
 on a worker thread and fills a table with per-device totals and predicted speed per strategy;
 nothing changes until "Apply", which is one undo macro (budgets, reserve and map, and the
 planning dtype when it differs from the tree's, so the lanes count bytes as the plan did). The
-trace list explains each placement of the selected strategy in its tooltip. Warnings the
+"Why" list starts with each device's reserve in words ("layers 0-39 on cuda:0 need 1.25 GiB
+of KV cache at 8k context, bf16, GQA 8 of 64 heads; ...") and explains each placement of the
+selected strategy in its tooltip. Warnings the
 planner raises for a strategy (buffers no GPU can hold, …) show in its status cell and at the
 top of its trace; every budgeted device has a row, so an unused GPU shows as 0 B. The table is
 as tall as its rows; the trace takes the rest of the panel.
@@ -28,22 +34,16 @@ import dataclasses
 import logging
 from typing import Any
 
-from PySide6.QtCore import QSize, Signal
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
-    QButtonGroup,
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFormLayout,
     QGridLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
-    QRadioButton,
-    QSizePolicy,
-    QSpinBox,
     QTableWidget,
     QTableWidgetItem,
     QTreeWidget,
@@ -55,19 +55,28 @@ from PySide6.QtWidgets import (
 from workbench.gui.colors import device_color, warning_color
 from workbench.gui.commands import push_plan
 from workbench.gui.hardware_selector import BudgetEditor
+from workbench.gui.pareto_view import ParetoView, PrecisionOptions, apply_joint
+from workbench.gui.planner_table import RowsTable, status_item
+from workbench.gui.reserve_controls import ReserveControls
 from workbench.gui.window_context import PlannerHost
 from workbench.gui.workers import TaskThread
 from workbench.runtime import AS_STORED, DTYPE_CHOICES, device_label, device_sort_key, dtype_name
 from workbench.runtime.formatting import format_nbytes, format_rate, format_seconds
 from workbench.runtime.model_context import Comparison, ModelContext
-from workbench.runtime.planning import activation_reserve
+from workbench.runtime.planning import (
+    MemoryOptions,
+    attention_layout,
+    device_reserves,
+    execution_reserve,
+)
+from workbench.runtime.precision_session import JOINT_STRATEGY
 from workbench.runtime.strategy_compare import STRATEGIES, Candidate, PlanRequest, run_comparison
 
 logger = logging.getLogger(__name__)
 
 DTYPES = (AS_STORED, *DTYPE_CHOICES)
-GIB = 1024**3
 WARNING_COLOR = warning_color()
+APPLY_COLUMNS = 3
 
 
 class PlannerPanel(QWidget):
@@ -92,25 +101,22 @@ class PlannerPanel(QWidget):
         self.dtype_combo.addItems(DTYPES)
         self.no_split_edit = QLineEdit(self)
         self.no_split_edit.setPlaceholderText("class names, comma separated")
-        self.reserve_by_shape = QRadioButton("batch x sequence", self)
-        self.reserve_by_bytes = QRadioButton("bytes", self)
-        self.reserve_by_shape.setChecked(True)
-        group = QButtonGroup(self)
-        group.addButton(self.reserve_by_shape)
-        group.addButton(self.reserve_by_bytes)
-        self.batch_spin = _spin(self, 1, 1024, 1, "batch ")
-        self.seq_spin = _spin(self, 1, 1_048_576, 4096, "seq ")
-        self.reserve_gib = QDoubleSpinBox(self)
-        self.reserve_gib.setRange(0, 4096)
-        self.reserve_gib.setSuffix(" GiB")
+        self.reserve_controls = ReserveControls(self)
+        controls = self.reserve_controls
+        # the controls by their old names (the window and the tests use them)
+        self.reserve_by_shape, self.reserve_by_bytes = controls.by_model, controls.by_bytes
+        self.batch_spin, self.context_spin = controls.batch_spin, controls.context_spin
+        self.reserve_gib, self.memory_note = controls.reserve_gib, controls.note
         self.strategy_checks = {s: QCheckBox(s, self) for s in STRATEGIES}
         for check in self.strategy_checks.values():
             check.setChecked(True)
+        self.precision_options = PrecisionOptions(self)  # the precision+placement row
+        self.pareto_view: ParetoView | None = None
         self.compare_button = QPushButton("Compare strategies", self)
         self.compare_button.setDefault(True)
-        self.table = _RowsTable(self)
+        self.table = RowsTable(self)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.apply_row = QHBoxLayout()
+        self.apply_row = QGridLayout()  # APPLY_COLUMNS buttons a row: the panel stays narrow
         self.stale_label = QLabel(self)  # says so when the table no longer matches the session
         self.stale_label.setObjectName("plannerStaleLabel")
         self.stale_label.setWordWrap(True)
@@ -129,6 +135,8 @@ class PlannerPanel(QWidget):
         self.table.currentCellChanged.connect(self._on_table_current_cell_changed)
         # one budget per device: an edit here is the same undo step as one in the Budgets dock
         self.budget_editor.budgets_edited.connect(window.edit_budgets)
+        controls.changed.connect(self._on_reserve_controls_changed)
+        self.precision_options.pareto_requested.connect(self.show_pareto)
 
     def _build_layout(self) -> None:
         form = QFormLayout()
@@ -136,17 +144,12 @@ class PlannerPanel(QWidget):
         form.addRow("Planning dtype", self.dtype_combo)
         form.addRow("No-split classes", self.no_split_edit)
         # two rows, two columns: the panel stays narrow enough to sit beside the tree and lanes
-        reserve_grid = QGridLayout()
-        reserve_grid.addWidget(self.reserve_by_shape, 0, 0)
-        reserve_grid.addWidget(self.batch_spin, 0, 1)
-        reserve_grid.addWidget(self.seq_spin, 0, 2)
-        reserve_grid.addWidget(self.reserve_by_bytes, 1, 0)
-        reserve_grid.addWidget(self.reserve_gib, 1, 1)
-        form.addRow("Reserve", reserve_grid)
+        form.addRow("Reserve", self.reserve_controls)
         strategies_grid = QGridLayout()
         for position, check in enumerate(self.strategy_checks.values()):
             strategies_grid.addWidget(check, position // 2, position % 2)
         form.addRow("Strategies", strategies_grid)
+        form.addRow("Precisions", self.precision_options)
         form.setVerticalSpacing(3)  # tight rows leave the trace more room
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -195,8 +198,50 @@ class PlannerPanel(QWidget):
         name = dtype_name(getattr(opened, "planning_dtype", None))
         self.dtype_combo.setCurrentText(name if name in DTYPES else AS_STORED)
         self.reserve_by_shape.setChecked(True)  # estimated for this model, not a typed leftover
+        self.reserve_controls.update_note(opened)
         self.sync_from_session()
         self._fill_table()
+
+    # --- the memory model -------------------------------------------------------------------
+
+    def _on_reserve_controls_changed(self) -> None:
+        """The lanes show the reserve the new options give at once; a comparison made with
+        other options is out of date."""
+        opened = self.window_.session.opened
+        self.reserve_controls.update_note(opened)
+        if opened is not None:
+            self.window_.refresh()
+        self._update_apply_buttons()
+
+    def memory_options(self) -> MemoryOptions | None:
+        """The memory model's options (``None`` with a fixed reserve in bytes)."""
+        return self.reserve_controls.memory_options()
+
+    def _planning_memory(self) -> MemoryOptions | None:
+        """``memory_options``, or ``None`` for a model the memory model cannot read (planned
+        without a reserve, as the lanes show it)."""
+        options, opened = self.memory_options(), self.window_.session.opened
+        if options is None or opened is None:
+            return options
+        try:
+            attention_layout(opened)
+        except (ValueError, TypeError, AttributeError) as exc:
+            logger.info("planning without a memory-model reserve: %s", str(exc))
+            return None
+        return options
+
+    def lane_reserves(self, device_map: dict[str, Any]) -> dict[Any, Any] | None:
+        """Each device's ``DeviceReserve`` for ``device_map`` (what the lanes show), or
+        ``None`` with a fixed reserve or a model the memory model cannot read (the lanes
+        then show the session's reserve on the execution device)."""
+        options, opened = self.memory_options(), self.window_.session.opened
+        if options is None or opened is None or not device_map:
+            return None
+        try:
+            return device_reserves(opened, device_map, options)
+        except (ValueError, TypeError, AttributeError) as exc:
+            logger.info("no memory model for the lanes: %s", str(exc))
+            return None
 
     def sync_from_session(self) -> None:
         """Copy the session's budgets into the panel's editor (called on every hardware or
@@ -221,20 +266,21 @@ class PlannerPanel(QWidget):
             dict(comparison.request.budgets),
         ):
             return "the budgets changed since the comparison; compare again"
+        if comparison.request.memory != self._planning_memory():
+            return "the reserve options changed since the comparison; compare again"
         return None
 
     def reserve_bytes(self) -> int:
-        """The reserve for the execution device, from batch x sequence or bytes."""
-        if self.reserve_by_bytes.isChecked():
-            return round(self.reserve_gib.value() * GIB)
+        """The reserve of the execution device: the fixed bytes, or the memory model's for
+        every layer on it (what a map ``{"": device}`` needs; 0 without a readable config)."""
+        options = self.memory_options()
+        if options is None:
+            return self.reserve_controls.fixed_bytes()
         opened = self.window_.session.opened
         if opened is None:
             return 0
-        dtype: Any = self.dtype_combo.currentText()
-        if dtype == AS_STORED:  # activations take the model's declared dtype
-            dtype = getattr(opened, "declared_dtype", None) or "float16"
         try:
-            return activation_reserve(opened, self.batch_spin.value(), self.seq_spin.value(), dtype)
+            return execution_reserve(opened, options)
         except (ValueError, TypeError, AttributeError) as exc:
             logger.warning("cannot estimate the activation reserve: %s", str(exc))
             return 0
@@ -245,7 +291,8 @@ class PlannerPanel(QWidget):
         if session.opened is None:
             return None
         dtype = self.dtype_combo.currentText()
-        reserve = self.reserve_bytes()
+        memory = self._planning_memory()
+        reserve = 0 if memory is not None else self.reserve_bytes()
         device = self.window_.execution_device()
         return PlanRequest(
             opened=session.opened,
@@ -257,6 +304,9 @@ class PlannerPanel(QWidget):
             dtype=None if dtype == AS_STORED else dtype,
             no_split=[n.strip() for n in self.no_split_edit.text().split(",") if n.strip()],
             strategies=tuple(s for s, c in self.strategy_checks.items() if c.isChecked()),
+            memory=memory,
+            precisions=self.precision_options.precisions(),
+            min_bits=self.precision_options.min_bits(),
         )
 
     # --- comparing ----------------------------------------------------------------------------
@@ -373,18 +423,26 @@ class PlannerPanel(QWidget):
                 item = QTableWidgetItem(format_nbytes(nbytes) if candidate.plan else "")
                 item.setForeground(device_color(device))
                 if budgets.get(device) is not None and candidate.plan:
-                    item.setToolTip(f"{format_nbytes(nbytes)} of {format_nbytes(budgets[device])}")
+                    tip = f"{format_nbytes(nbytes)} of {format_nbytes(budgets[device])}"
+                    reserve = candidate.plan.reserve.get(device, 0)
+                    if reserve:
+                        tip += f", + {format_nbytes(reserve)} reserve"
+                    why = candidate.plan.reserve_why.get(device)
+                    item.setToolTip(f"{tip}\n{why}" if why else tip)
                 self.table.setItem(row, column, item)
             prediction = candidate.prediction
             speed = format_rate(prediction.tokens_per_s) if prediction else "—"
             ttft = format_seconds(prediction.ttft_s) if prediction else "—"
             self.table.setItem(len(devices), column, QTableWidgetItem(speed))
             self.table.setItem(len(devices) + 1, column, QTableWidgetItem(ttft))
-            self.table.setItem(len(devices) + 2, column, _status_item(candidate, self._request))
+            self.table.setItem(len(devices) + 2, column, status_item(candidate, self._request))
         self.table.resizeColumnsToContents()
         self.table.setVisible(bool(candidates))  # no empty "tokens/s, TTFT, status" rows
         self.table.updateGeometry()
         self._fill_apply_buttons()
+        joint = self.candidate(JOINT_STRATEGY)
+        has_joint = joint is not None and joint.joint is not None
+        self.precision_options.pareto_button.setEnabled(has_joint)
         if candidates:
             self.table.setCurrentCell(0, 0)
             self.show_trace(candidates[0].strategy)
@@ -397,10 +455,11 @@ class PlannerPanel(QWidget):
             if item.widget() is not None:
                 item.widget().deleteLater()
         self.apply_buttons = {}
-        for candidate in self.candidates:
+        for position, candidate in enumerate(self.candidates):
             button = QPushButton(f"Apply {candidate.strategy}", self)
             button.clicked.connect(lambda _c=False, s=candidate.strategy: self.apply(s))
-            self.apply_row.addWidget(button)
+            row, column = divmod(position, APPLY_COLUMNS)
+            self.apply_row.addWidget(button, row, column)
             self.apply_buttons[candidate.strategy] = button
         self._update_apply_buttons()
 
@@ -438,6 +497,16 @@ class PlannerPanel(QWidget):
                 self.trace_view.addTopLevelItem(item)
             return
         items = []
+        plan = candidate.plan
+        for device in sorted(plan.reserve, key=device_sort_key):
+            why = plan.reserve_why.get(device) or "fixed reserve (bytes)"
+            item = QTreeWidgetItem(
+                ["(reserve)", device_label(device), format_nbytes(plan.reserve[device]), why]
+            )
+            for column in range(4):
+                item.setToolTip(column, why)
+            item.setForeground(1, device_color(device))
+            items.append(item)
         for placement in candidate.plan.trace[:5000]:
             device = "split" if placement.device is None else device_label(placement.device)
             item = QTreeWidgetItem(
@@ -456,6 +525,18 @@ class PlannerPanel(QWidget):
         self.trace_view.addTopLevelItems(items)
         self.trace_view.resizeColumnToContents(0)
 
+    def show_pareto(self) -> ParetoView | None:
+        """Open the Pareto view of the precision+placement row (``None`` without one)."""
+        candidate = self.candidate(JOINT_STRATEGY)
+        if candidate is None or candidate.joint is None:
+            return None
+        if self.pareto_view is not None:
+            self.pareto_view.close()
+            self.pareto_view.deleteLater()
+        self.pareto_view = ParetoView(self.window_, candidate, stale_reason=self.stale_reason)
+        self.pareto_view.show()
+        return self.pareto_view
+
     def candidate(self, strategy: str) -> Candidate | None:
         comparison = self.comparison
         return None if comparison is None else comparison.candidate(strategy)
@@ -473,7 +554,12 @@ class PlannerPanel(QWidget):
         if stale is not None:
             window.statusBar().showMessage(f"Cannot apply the {strategy} plan: {stale}", 8000)
             return False
-        reserve = sum(self._request.reserve.values())
+        if candidate.joint is not None:  # precisions and map together, one undo step
+            return apply_joint(window, candidate, self._request.budgets)
+        if self._request.memory is None:
+            reserve = sum(self._request.reserve.values())
+        else:  # the session keeps the execution device's share; the lanes show every device's
+            reserve = candidate.plan.reserve.get(window.execution_device(), 0)
         applied = push_plan(
             window.undo_stack,
             window.session,
@@ -495,92 +581,3 @@ class PlannerPanel(QWidget):
             return False
         window.statusBar().showMessage(f"Applied the {strategy} plan", 5000)
         return True
-
-
-class _RowsTable(QTableWidget):
-    """A table exactly as tall as its header and rows (plus a scroll bar when too wide)."""
-
-    def __init__(self, parent: QWidget) -> None:
-        super().__init__(parent)
-        self.verticalHeader().setDefaultSectionSize(self.fontMetrics().lineSpacing() + 6)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        self._too_wide = False
-
-    def sizeHint(self) -> QSize:
-        frame = 2 * self.frameWidth()
-        height = self.horizontalHeader().sizeHint().height() + self.verticalHeader().length()
-        if self._content_width() > self.width():
-            height += self.horizontalScrollBar().sizeHint().height()
-        return QSize(super().sizeHint().width(), height + frame)
-
-    def minimumSizeHint(self) -> QSize:
-        return QSize(super().minimumSizeHint().width(), self.sizeHint().height())
-
-    def resizeEvent(self, event: QResizeEvent) -> None:
-        super().resizeEvent(event)
-        too_wide = self._content_width() > self.width()
-        if too_wide != self._too_wide:  # the scroll bar comes or goes: make room for it
-            self._too_wide = too_wide
-            self.updateGeometry()
-
-    def _content_width(self) -> int:
-        header = self.verticalHeader()
-        width = header.sizeHint().width() if header.isVisible() else 0
-        return width + self.horizontalHeader().length() + 2 * self.frameWidth()
-
-
-def _status_item(candidate: Candidate, request: PlanRequest | None) -> QTableWidgetItem:
-    """The status cell: ok / does not fit / cannot load, the number of warnings; details in
-    the tooltip. "ok" means the plan fits, its reserve too (as the lanes count it), and the
-    shared load check accepts its map."""
-    prediction = candidate.prediction
-    check = candidate.load_check
-    details = [candidate.error or (prediction.summary() if prediction else "")]
-    over = _over_budget(candidate, request)
-    if not candidate.plan:
-        text = "does not fit"
-    elif check is not None and not check.map_valid:
-        text = "cannot load"
-    elif over:
-        text = "over budget"
-        details.append(over)
-    elif check is not None and check.device_problems:
-        text = "not here"  # fits, on devices this machine lacks (the tooltip lists them)
-    elif check is not None and check.weight_problems:
-        text = "plan only"  # no weights to load
-    else:
-        text = "ok"
-    if check is not None and check.problems:
-        details.append(check.reason)
-    if candidate.warnings:
-        count = len(candidate.warnings)
-        text += f", {count} warning" + ("s" if count > 1 else "")
-        details += [f"warning: {w}" for w in candidate.warnings]
-    item = QTableWidgetItem(text)
-    item.setToolTip("\n".join(d for d in details if d))
-    if candidate.warnings or over or (check is not None and not check.map_valid):
-        item.setForeground(WARNING_COLOR)
-    return item
-
-
-def _over_budget(candidate: Candidate, request: PlanRequest | None) -> str:
-    """Where the plan's weights plus the reserve exceed a budget (what the lanes flag), or ""."""
-    if candidate.plan is None or request is None:
-        return ""
-    over = []
-    for device, budget in request.budgets.items():
-        used = candidate.plan.per_device_bytes.get(device, 0) + request.reserve.get(device, 0)
-        if used > budget:
-            over.append(
-                f"{device_label(device)}: {format_nbytes(used)} with the reserve, budget "
-                f"{format_nbytes(budget)}"
-            )
-    return "over budget on " + "; ".join(over) if over else ""
-
-
-def _spin(parent: QWidget, low: int, high: int, value: int, prefix: str) -> QSpinBox:
-    spin = QSpinBox(parent)
-    spin.setRange(low, high)
-    spin.setValue(value)
-    spin.setPrefix(prefix)
-    return spin

@@ -32,6 +32,7 @@ from workbench.gui.load_panel import LoadController, LoadProgressWidget
 from workbench.gui.plots import group_layer_timings, summarize_layers
 from workbench.gui.plots.memory_plot import MemoryPlot
 from workbench.gui.plots.transfer_plot import TransferPlot
+from workbench.gui.window_persistence import model_display_name
 from workbench.models.hardware import DETECTED_NAME, detect_hardware
 from workbench.models.speed import predict_speed
 from workbench.runtime import BadInputError, normalize_device
@@ -156,6 +157,8 @@ class RuntimePanels(QObject):
         if context is not self._context:  # another model: nothing shown may be the old one's
             self._context = context
             self.inference_panel.clear_results()
+            self.memory_plot.reset()  # its history and markers were the other model's
+            self.transfer_plot.clear_layers()  # so were its forwards
             self._show_loaded_model()
 
     def _show_loaded_model(self) -> None:
@@ -163,8 +166,12 @@ class RuntimePanels(QObject):
         controller = self.controller
         loaded = controller.loaded_source if controller.loaded else None
         on_screen = self.session.source
-        self.inference_panel.show_loaded_model(
-            loaded, different=loaded is not None and str(loaded) != str(on_screen)
+        different = loaded is not None and str(loaded) != str(on_screen)
+        self.inference_panel.show_loaded_model(loaded, different=different)
+        self.transfer_plot.set_model_note(
+            f"forwards of {model_display_name(str(loaded))} (loaded, not the model on screen)"
+            if different
+            else ""
         )
 
     def _budgets_from_session(self) -> None:
@@ -230,7 +237,7 @@ class RuntimePanels(QObject):
         if (
             self._closed
             or not self.warm_on_open
-            or self.session.tree is None
+            or not self.can_load_here()
             or self.bridge.state != "stopped"
         ):
             return False
@@ -243,12 +250,21 @@ class RuntimePanels(QObject):
             self.progress_widget.show_message("worker warming up (importing torch)…")
         return True
 
+    def can_load_here(self) -> bool:
+        """True when the model on screen has weights to load (a plan-only config has none:
+        warming a worker for it would cost a process importing torch for nothing)."""
+        opened = self.session.opened
+        return opened is not None and bool(getattr(opened, "has_weights", False))
+
     def _on_bridge_ready(self, event: Any) -> None:
         logger.info("worker %s ready in %.1f s", event.pid, event.warmup_s)
         if not self.controller.busy and not self.controller.loaded:
             self.progress_widget.show_message("worker ready")
 
     def _on_controller_load_started(self, _request_id: int) -> None:
+        status_bar = getattr(self.window, "statusBar", None)
+        if callable(status_bar):  # a hint shown before the click would cover the load's
+            status_bar().clearMessage()
         if not self.bridge.warm:
             self.progress_widget.show_message(
                 "worker still warming up: the load starts when its imports are done"
@@ -344,7 +360,12 @@ class RuntimePanels(QObject):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.window and event.type() == QEvent.Type.Close:
             self.shutdown()
-        return False
+        # a hovered action's status tip would replace the load's message in the status bar
+        return (
+            watched is self.window
+            and event.type() == QEvent.Type.StatusTip
+            and self.controller.busy
+        )
 
 
 def _is_accelerator(device: Any) -> bool:

@@ -1,7 +1,8 @@
 """What the app remembers between runs (``QSettings``) and where the session autosaves.
 
-Window geometry and dock/splitter state, recent models and the last hardware profile (not its
-budgets: they belong to the model and its session) live in ``QSettings`` (organisation and application names set in ``app.py``). The session
+Window geometry and dock/splitter state, recent models, the planner's memory-model controls
+and the last hardware profile (not its budgets: they belong to the model and its session)
+live in ``QSettings`` (organisation and application names set in ``app.py``). The session
 autosaves to ``<AppDataLocation>/autosave-session.json``; a run that did not exit cleanly
 leaves ``session/clean_exit`` false, so the next start offers to restore it.
 
@@ -35,19 +36,23 @@ def app_settings() -> QSettings:
     )
 
 
-def recent_models() -> list[str]:
-    """Return recently opened sources, newest first."""
-    value = app_settings().value("recent/models", [])
+RECENT_SESSIONS_KEY = "recent/sessions"  # saved sessions, listed apart from the models
+
+
+def recent_models(key: str = "recent/models") -> list[str]:
+    """Return recently opened sources (``key="recent/sessions"``: session files), newest first."""
+    value = app_settings().value(key, [])
     if isinstance(value, str):  # QSettings returns a single-item list as a plain string
         value = [value]
     return [str(v) for v in value or []][:MAX_RECENT]
 
 
-def add_recent_model(source: str) -> list[str]:
-    """Put ``source`` first in the recent list (deduplicated, at most ``MAX_RECENT``)."""
-    models = [source, *(m for m in recent_models() if m != source)][:MAX_RECENT]
+def add_recent_model(source: str, key: str = "recent/models") -> list[str]:
+    """Put ``source`` first in the recent list of ``key`` (deduplicated, at most
+    ``MAX_RECENT``); sessions go to ``"recent/sessions"``, apart from the models."""
+    models = [source, *(m for m in recent_models(key) if m != source)][:MAX_RECENT]
     settings = app_settings()
-    settings.setValue("recent/models", models)
+    settings.setValue(key, models)
     settings.sync()
     return models
 
@@ -66,6 +71,30 @@ def last_hardware() -> str | None:
     """Return the last hardware profile's name (``None`` the first time)."""
     name = app_settings().value("hardware/profile", None)
     return str(name) if name else None
+
+
+def save_planner_memory(options: Mapping[str, Any]) -> None:
+    """Remember the planner panel's memory-model controls (``reserve_mode``, ``batch``,
+    ``context`` (0: the model's), ``context_cap``, ``kv_dtype``, ``kv_engine``)."""
+    settings = app_settings()
+    for key, value in options.items():
+        settings.setValue(f"planner/{key}", value)
+    settings.sync()
+
+
+def planner_memory(defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved planner memory-model controls; ``defaults`` for missing or unreadable ones
+    (QSettings' INI format gives ints back as strings)."""
+    settings = app_settings()
+    values: dict[str, Any] = {}
+    for key, default in defaults.items():
+        value = settings.value(f"planner/{key}", default)
+        try:
+            values[key] = type(default)(value)
+        except (TypeError, ValueError):
+            logger.warning("ignoring the saved planner/%s %r", key, value)
+            values[key] = default
+    return values
 
 
 def save_window_state(

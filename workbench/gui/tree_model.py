@@ -26,6 +26,8 @@ from PySide6.QtCore import (
 )
 
 from workbench.gui.colors import OVER_BUDGET_HEX, device_color, mixed_color
+from workbench.gui.precision_column import PRECISION_HEADER, precision_text
+from workbench.models.gguf_header import GGUFHeader
 from workbench.models.tree import ModuleNode, ModuleTree
 from workbench.runtime import BadInputError, device_label, parse_json
 from workbench.runtime.formatting import format_nbytes, format_param_count
@@ -36,8 +38,19 @@ NAME_ROLE = Qt.ItemDataRole.UserRole + 1
 SORT_ROLE = Qt.ItemDataRole.UserRole + 2
 DEVICE_ROLE = Qt.ItemDataRole.UserRole + 3  # the device value (int | str | MIXED | None)
 
-COLUMNS = ("Name", "Class", "Parameters", "Size", "Device", "Flags")
-NAME_COLUMN, CLASS_COLUMN, PARAMS_COLUMN, SIZE_COLUMN, DEVICE_COLUMN, FLAGS_COLUMN = range(6)
+COLUMNS = ("Name", "Class", "Parameters", "Size", "Stored", "Device", PRECISION_HEADER, "Flags")
+(
+    NAME_COLUMN,
+    CLASS_COLUMN,
+    PARAMS_COLUMN,
+    SIZE_COLUMN,
+    STORED_COLUMN,
+    DEVICE_COLUMN,
+    PRECISION_COLUMN,
+    FLAGS_COLUMN,
+) = range(len(COLUMNS))
+GGUF_STORED_HEADER = "Stored (GGUF)"
+_NUMBER_COLUMNS = (PARAMS_COLUMN, SIZE_COLUMN, STORED_COLUMN)
 
 AnyIndex = QModelIndex | QPersistentModelIndex
 
@@ -83,6 +96,8 @@ class ModuleTreeModel(QAbstractItemModel):
         self._trace: dict[str, str] = {}
         self._trace_map: dict[str, Any] | None = None
         self._trace_shown = False
+        self._gguf: GGUFHeader | None = None
+        self._precision_map: dict[str, str] = {}  # the session's (the Precision column)
 
     # --- document ---------------------------------------------------------------------------
 
@@ -96,10 +111,29 @@ class ModuleTreeModel(QAbstractItemModel):
         """Lookups over the current map."""
         return self._map_index
 
-    def set_tree(self, tree: ModuleTree | None, device_map: dict[str, Any] | None = None) -> None:
-        """Show ``tree`` (resets the model) with ``device_map``."""
+    @property
+    def gguf(self) -> GGUFHeader | None:
+        """The header of the GGUF file the tree was opened from, or ``None``."""
+        return self._gguf
+
+    def set_tree(
+        self,
+        tree: ModuleTree | None,
+        device_map: dict[str, Any] | None = None,
+        *,
+        gguf: GGUFHeader | None = None,
+    ) -> None:
+        """Show ``tree`` (resets the model) with ``device_map``.
+
+        Args:
+            tree: the module tree, or ``None`` for no model.
+            device_map: the current map.
+            gguf: the header of the GGUF file the tree was opened from: the Stored column is
+                then "Stored (GGUF)", each module's bytes in the file as quantized.
+        """
         self.beginResetModel()
         self._tree = tree
+        self._gguf = gguf if tree is not None else None
         self._trace, self._trace_map, self._trace_shown = {}, None, False
         self._map_index = MapIndex(tree, device_map or {}) if tree is not None else None
         self.endResetModel()
@@ -116,6 +150,14 @@ class ModuleTreeModel(QAbstractItemModel):
                 self.index(0, DEVICE_COLUMN), self.index(rows - 1, DEVICE_COLUMN), [DEVICE_ROLE]
             )
         self.map_changed.emit()
+
+    def set_precision_map(self, precision_map: dict[str, str]) -> None:
+        """Update the Precision column (no reset: selection and expansion stay)."""
+        self._precision_map = dict(precision_map)
+        rows = len(self._tree.root.children) if self._tree is not None else 0
+        if rows:
+            column = PRECISION_COLUMN
+            self.dataChanged.emit(self.index(0, column), self.index(rows - 1, column))
 
     def set_trace(self, reasons: dict[str, str], device_map: dict[str, Any]) -> None:
         """Remember the planner's reason per module for the map it planned; the row tooltips
@@ -150,7 +192,7 @@ class ModuleTreeModel(QAbstractItemModel):
 
     def index(self, row: int, column: int, parent: AnyIndex = QModelIndex()) -> QModelIndex:  # noqa: B008
         node = self._parent_node(parent)
-        if node is None or not (0 <= row < len(node.children)) or not (0 <= column < 6):
+        if node is None or not (0 <= row < len(node.children)) or not (0 <= column < len(COLUMNS)):
             return QModelIndex()
         return self.createIndex(row, column, node.children[row])
 
@@ -180,10 +222,30 @@ class ModuleTreeModel(QAbstractItemModel):
         orientation: Qt.Orientation,
         role: int = Qt.ItemDataRole.DisplayRole,
     ) -> Any:
-        horizontal = orientation == Qt.Orientation.Horizontal
-        if horizontal and role == Qt.ItemDataRole.DisplayRole and 0 <= section < len(COLUMNS):
+        if orientation != Qt.Orientation.Horizontal or not 0 <= section < len(COLUMNS):
+            return None
+        if role == Qt.ItemDataRole.DisplayRole:
+            if section == STORED_COLUMN and self._gguf is not None:
+                return GGUF_STORED_HEADER
             return COLUMNS[section]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return self._header_tooltip(section)
         return None
+
+    def _header_tooltip(self, section: int) -> str | None:
+        planned = self._tree.planning_dtype if self._tree is not None else None
+        if section == SIZE_COLUMN:
+            dtype = str(planned).removeprefix("torch.") if planned is not None else "as stored"
+            return f"Bytes once loaded ({dtype}): what planning counts"
+        if section != STORED_COLUMN:
+            return None
+        if self._gguf is None:
+            return "Bytes in the checkpoint files"
+        kinds = ", ".join(f"{count} {kind}" for kind, count in self._gguf.quant_types.items())
+        return (
+            f"Bytes in the GGUF file as quantized (tensors: {kinds}), from its header; "
+            "Convert for loading writes them in the Size column's dtype"
+        )
 
     def flags(self, index: AnyIndex) -> Qt.ItemFlag:
         if not index.isValid():
@@ -214,7 +276,7 @@ class ModuleTreeModel(QAbstractItemModel):
             if device is None:
                 return None
             return mixed_color() if device == MIXED else device_color(device)
-        if role == Qt.ItemDataRole.TextAlignmentRole and column in (PARAMS_COLUMN, SIZE_COLUMN):
+        if role == Qt.ItemDataRole.TextAlignmentRole and column in _NUMBER_COLUMNS:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None
 
@@ -230,11 +292,15 @@ class ModuleTreeModel(QAbstractItemModel):
             return format_param_count(node.param_count)
         if column == SIZE_COLUMN:
             return format_nbytes(node.nbytes)
+        if column == STORED_COLUMN:
+            return format_nbytes(node.stored_nbytes)
         if column == DEVICE_COLUMN:
             device = self._device(node)
             if device is None:
                 return "—"
             return MIXED if device == MIXED else device_label(device)
+        if column == PRECISION_COLUMN:
+            return precision_text(node.name, self._precision_map)
         if column == FLAGS_COLUMN:
             flags = []
             if node.no_split:
@@ -249,19 +315,30 @@ class ModuleTreeModel(QAbstractItemModel):
             return node.param_count
         if column == SIZE_COLUMN:
             return node.nbytes
+        if column == STORED_COLUMN:
+            return node.stored_nbytes
         if column == CLASS_COLUMN:
             return node.class_name
-        if column == DEVICE_COLUMN:
+        if column in (DEVICE_COLUMN, PRECISION_COLUMN):
             return self._display(node, column)
         if column == FLAGS_COLUMN:
             return int(node.no_split) * 2 + int(node.tied)
         return node.row  # name: model order
 
+    def _bytes_line(self, node: ModuleNode) -> str:
+        """``"20.3 MiB planned, 6.0 MiB stored"``; for a GGUF, with its bits per weight."""
+        line = f"{format_nbytes(node.nbytes)} planned, {format_nbytes(node.stored_nbytes)} stored"
+        if self._gguf is None:
+            return line
+        # bits per weight from the file's own bytes: Q4_1 is 5.0 (20 B per 32), Q8_0 8.5
+        bits = node.stored_nbytes * 8 / node.param_count if node.param_count else 0.0
+        return f"{line} in the GGUF ({bits:.2f} bits per weight)"
+
     def _tooltip(self, node: ModuleNode) -> str:
         lines = [
             f"<b>{node.name or '(whole model)'}</b> — {node.class_name}",
             f"{node.param_count:,} parameters",
-            f"{format_nbytes(node.nbytes)} planned, {format_nbytes(node.stored_nbytes)} stored",
+            self._bytes_line(node),
         ]
         device = self._device(node)
         if device == MIXED:

@@ -48,6 +48,7 @@ from workbench.gui.tree_model import (
     PARAMS_COLUMN,
     SIZE_COLUMN,
     SORT_ROLE,
+    STORED_COLUMN,
     ModuleTreeModel,
 )
 from workbench.models.tree import ModuleNode, ModuleTree
@@ -225,6 +226,7 @@ class ModuleTreePanel(QWidget):
         self.collapse_button.clicked.connect(self.view.collapseAll)
         model.map_changed.connect(self.view.viewport().update)
         model.modelReset.connect(self._on_model_reset)
+        self.view.header().setSectionHidden(STORED_COLUMN, model.gguf is None)
 
     def apply_filter(self) -> None:
         """Apply the filter box now (normally debounced by 200 ms).
@@ -321,10 +323,24 @@ class ModuleTreePanel(QWidget):
         self.matches = []
         self.match_label.clear()
         header = self.view.header()
-        header.resizeSection(NAME_COLUMN, 190)
-        header.resizeSection(CLASS_COLUMN, self._class_column_width())
+        class_px, device_px = self._class_column_width(), self._device_column_width()
+        stored_px = 0 if self.model.gguf is None else 100
+        header.resizeSection(CLASS_COLUMN, class_px)
         header.resizeSection(PARAMS_COLUMN, 70)
         header.resizeSection(SIZE_COLUMN, 75)
+        header.setSectionHidden(STORED_COLUMN, self.model.gguf is None)  # GGUF bytes only
+        header.resizeSection(STORED_COLUMN, 100)
+        header.resizeSection(DEVICE_COLUMN, device_px)
+        # the name takes what the others leave (down to 140 px), so the device chips and
+        # the flags fit the panel without scrolling sideways
+        rest = self.view.viewport().width() - class_px - 145 - stored_px - device_px - 60
+        header.resizeSection(NAME_COLUMN, max(140, min(190, rest)))
+
+    def _device_column_width(self) -> int:
+        """Wide enough for the header and a "cuda:0" chip (the delegate pads by 20 px)."""
+        metrics = self.view.fontMetrics()
+        chip_px = metrics.horizontalAdvance("cuda:0") + 24
+        return max(chip_px, metrics.horizontalAdvance("Device") + 20)
 
     def _class_column_width(self) -> int:
         """Wide enough for the longest class name (``LlamaDecoderLayer``), within 120..260 px."""

@@ -24,11 +24,12 @@ from workbench.gui.actions import MAX_LANE_SHORTCUTS, WindowState, disabled_reas
 from workbench.gui.actions import enable_with_reason as _enable
 from workbench.gui.cache_browser import CacheBrowser
 from workbench.gui.open_dialog import open_model_dialog
+from workbench.gui.precision_column import add_precision_menu
 from workbench.gui.tree_view import ModuleTreeView
 from workbench.gui.window_context import WindowContext
 from workbench.models.catalog import list_bundled_configs
 from workbench.runtime import BadInputError, device_label, read_json
-from workbench.runtime.documents import classify_document
+from workbench.runtime.documents import SESSION_SUFFIX, classify_document
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +50,24 @@ def fill_whatif_menu(menu: QMenu, open_replacing: Opener) -> None:
 
 
 def refresh_recent_menu(menu: QMenu, open_replacing: Opener) -> None:
-    """Rebuild File > Recent models from the settings."""
+    """Rebuild File > Recent models from the settings: the models, then a "Sessions" section
+    with the saved sessions (a session file listed among the models by an older version
+    moves there)."""
     menu.clear()
-    recents = app_settings.recent_models()
-    for source in recents:
+    listed = app_settings.recent_models()
+    models = [s for s in listed if not s.endswith(SESSION_SUFFIX)]
+    sessions = app_settings.recent_models(app_settings.RECENT_SESSIONS_KEY)
+    sessions += [s for s in listed if s.endswith(SESSION_SUFFIX) and s not in sessions]
+    for source in models:
         action = menu.addAction(source)
         action.triggered.connect(lambda _c=False, s=source: open_replacing(s))
-    menu.setEnabled(bool(recents))
+    if sessions:
+        menu.addSection("Sessions")
+    for path in sessions:
+        action = menu.addAction(path)
+        action.setToolTip("A saved session: the model with its map, budgets and profile")
+        action.triggered.connect(lambda _c=False, s=path: open_replacing(s))
+    menu.setEnabled(bool(models or sessions))
 
 
 def fill_move_menu(
@@ -84,7 +96,8 @@ def tree_context_menu(
     state: WindowState,
     fill_move: Callable[[QMenu], None],
 ) -> QMenu:
-    """The tree's context menu at ``pos``: Move to (the lanes), Copy name, Expand all below."""
+    """The tree's context menu at ``pos``: Move to (the lanes), Set precision, Copy name,
+    Expand all below."""
     menu = QMenu(parent)
     menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     menu.setToolTipsVisible(True)
@@ -92,6 +105,7 @@ def tree_context_menu(
     fill_move(move_menu)
     names = view.selected_names()
     _enable(move_menu.menuAction(), needs_selection(state), "", disabled_reason(state))
+    add_precision_menu(menu, parent, names)
     copy = menu.addAction("Copy name")
     copy.setEnabled(bool(names))
     copy.triggered.connect(lambda: QGuiApplication.clipboard().setText("\n".join(names)))

@@ -20,6 +20,7 @@ from workbench.gui.hardware_selector import HardwareSelector, available_profiles
 from workbench.gui.workers import TaskThread
 from workbench.models.speed import predict_speed
 from workbench.runtime.formatting import format_rate, format_ttft
+from workbench.runtime.precision_session import planned_tree
 from workbench.runtime.session import Session
 
 
@@ -135,7 +136,7 @@ class WindowHardware(QObject):
             wait: block until the prediction is shown (scripts and benchmarks).
         """
         self.speed_timer.stop()
-        tree, profile = self.session.tree, self.profile
+        tree, profile = planned_tree(self.session), self.profile
         if tree is None or profile is None or not self.session.device_map:
             self.speed_prediction = None
             self.speed_label.setText("Predicted: —")

@@ -308,7 +308,7 @@ class SessionDocuments(QObject):
             session.mark_dirty("recovered after a crash")
         else:
             session.path = saved.path
-            app_settings.add_recent_model(str(saved.path))
+            app_settings.add_recent_model(str(saved.path), app_settings.RECENT_SESSIONS_KEY)
             self.host.refresh_recent_menu()
         self.host.statusBar().showMessage(
             "Restored the session of the crashed run: save it to keep it"

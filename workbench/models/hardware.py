@@ -7,10 +7,12 @@ under ``$XDG_CONFIG_HOME/model-memory-workbench/hardware/``)::
       "name": "rtx4090-64gb",
       "description": "One 24 GB consumer GPU, 64 GB RAM, NVMe SSD",
       "host_to_device_gbps": 25.0,        # pinned host -> GPU copies, GB/s (PCIe 4.0 x16)
+      "host_to_device_pageable_gbps": 12.5,  # optional: from pageable RAM (default: half)
       "disk_read_gbps": 5.0,              # sequential reads from the offload folder, GB/s
       "devices": [
         {"device": 0, "name": "GeForce RTX 4090", "memory": "24GiB",
-         "compute_tflops": 165, "memory_bandwidth_gbps": 1008},
+         "compute_tflops": 165, "memory_bandwidth_gbps": 1008,
+         "held": "1GiB", "safety_margin": "1GiB"},   # both optional
         {"device": "cpu", "name": "DDR5", "memory": "64GiB",
          "compute_tflops": 1.0, "memory_bandwidth_gbps": 60},
         {"device": "disk", "name": "NVMe", "memory": "2TB"}
@@ -19,12 +21,15 @@ under ``$XDG_CONFIG_HOME/model-memory-workbench/hardware/``)::
 
 Memories accept bytes or strings (``"24GiB"``, ``"80GB"``) and must be above 0; bandwidths are
 decimal GB/s and compute is dense 16-bit TFLOP/s, both numbers above 0 (a disk may say 0). A
-device that leaves its speeds out gets typical values.
+device that leaves its speeds out gets typical values. ``held`` is memory the driver and other
+processes already use (detected hardware measures it), ``safety_margin`` overrides the backend's
+margin (``device_probe.SAFETY_MARGINS``: CUDA context + allocator fragmentation for GPUs, none for
+RAM and disk). A budget is ``memory - held - margin`` (``free - margin`` when detected).
 
 Example:
-    >>> profile = load_profile("rtx4090-64gb")  # doctest: +SKIP
-    >>> profile.budgets()
-    {0: 25769803776, 'cpu': 68719476736, 'disk': 2000000000000}
+    >>> profile = load_profile("rtx4090-64gb.json")  # the file above  # doctest: +SKIP
+    >>> profile.budgets()  # GPU 0: 24 GiB - 1 GiB held - 1 GiB margin  # doctest: +SKIP
+    {0: 23622320128, 'cpu': 68719476736, 'disk': 2000000000000}
 """
 
 from __future__ import annotations
@@ -45,7 +50,14 @@ import torch
 from workbench.big_modeling.devices import device_sort_key, normalize_device
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.json_files import read_json
-from workbench.big_modeling.planning.sizes import convert_file_size_to_int
+from workbench.big_modeling.planning.sizes import convert_file_size_to_int, format_nbytes
+from workbench.models.device_probe import (
+    SAFETY_MARGINS,
+    gpu_memory_held,
+    known_gpu_speed,
+    measured_link_bandwidth,
+    safety_margin_bytes,
+)
 from workbench.models.errors import ProfileError
 from workbench.resources import resources_root
 
@@ -53,26 +65,14 @@ logger = logging.getLogger(__name__)
 
 DETECTED_NAME = "detected"
 DEFAULT_HOST_TO_DEVICE_GBPS = 25.0  # PCIe 4.0 x16 with pinned memory
+# From pageable RAM the driver stages copies through a pinned bounce buffer: about half the
+# pinned rate (NVIDIA, "How to Optimize Data Transfers in CUDA C/C++", 2012: 6 vs 12 GB/s).
+PAGEABLE_FRACTION = 0.5
 DEFAULT_DISK_READ_GBPS = 2.0  # a mid-range NVMe SSD
 DEFAULT_CPU_TFLOPS = 0.5
 DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS = 40.0
 GENERIC_GPU_TFLOPS = 100.0  # a GPU whose speed is not known
 GENERIC_GPU_BANDWIDTH_GBPS = 1000.0
-
-# Dense bf16 TFLOP/s and HBM GB/s of well-known GPUs, for detected hardware (matched by name).
-_KNOWN_GPUS: tuple[tuple[str, float, float], ...] = (
-    ("H200", 989.0, 4800.0),
-    ("H100", 989.0, 3350.0),
-    ("A100", 312.0, 2039.0),
-    ("L40S", 362.0, 864.0),
-    ("A10", 125.0, 600.0),
-    ("L4", 121.0, 300.0),
-    ("T4", 65.0, 320.0),
-    ("V100", 125.0, 900.0),
-    ("RTX 4090", 165.0, 1008.0),
-    ("RTX 3090", 71.0, 936.0),
-    ("RTX 4080", 97.0, 717.0),
-)
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,10 @@ class DeviceSpec:
         compute_tflops: dense 16-bit TFLOP/s (0 for disk). Left at 0 for a CPU or GPU, it
             takes the typical value a profile file without speeds gets.
         memory_bandwidth_gbps: device memory bandwidth, GB/s (0 for disk; typical if 0).
+        held_bytes: memory the driver and other processes already hold (detected, or what a
+            profile says); ``None``: none known. Already out of ``free_bytes`` when detected.
+        margin_bytes: bytes kept out of the budget; ``None``: the backend's
+            (``device_probe.SAFETY_MARGINS``).
     """
 
     device: int | str
@@ -95,6 +99,8 @@ class DeviceSpec:
     free_bytes: int | None = None
     compute_tflops: float = 0.0
     memory_bandwidth_gbps: float = 0.0
+    held_bytes: int | None = None
+    margin_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.device == "disk":
@@ -112,9 +118,36 @@ class DeviceSpec:
         return self.device not in ("cpu", "disk")
 
     @property
+    def safety_margin_bytes(self) -> int:
+        """The margin kept out of the budget (the spec's own, else its backend's)."""
+        if self.margin_bytes is not None:
+            return self.margin_bytes
+        return safety_margin_bytes(self.device, self.memory_bytes)
+
+    @property
     def budget_bytes(self) -> int:
-        """What the planner may use: the free bytes when detected, else the total."""
-        return self.memory_bytes if self.free_bytes is None else self.free_bytes
+        """What the planner may use: ``free - margin`` when detected, else
+        ``memory - held - margin`` (never below 0)."""
+        if self.free_bytes is not None:
+            available = self.free_bytes
+        else:
+            available = self.memory_bytes - (self.held_bytes or 0)
+        return max(0, available - self.safety_margin_bytes)
+
+    def budget_words(self) -> str:
+        """The budget's arithmetic: ``"24 GiB - 1 GiB held - 0.98 GiB margin = 22 GiB"``."""
+        parts = [format_nbytes(self.memory_bytes)]
+        held = self.held_bytes
+        if held is None and self.free_bytes is not None:
+            held = self.memory_bytes - self.free_bytes
+        if held:
+            word = "used" if self.device == "disk" else "held"  # a disk's files, not a process
+            parts.append(f"{format_nbytes(held)} {word}")
+        if self.safety_margin_bytes:
+            parts.append(f"{format_nbytes(self.safety_margin_bytes)} margin")
+        if len(parts) == 1:
+            return parts[0]
+        return f"{' - '.join(parts)} = {format_nbytes(self.budget_bytes)}"
 
 
 @dataclass(frozen=True)
@@ -125,9 +158,12 @@ class HardwareProfile:
         name: profile name (file stem, or ``"detected"``).
         description: one line for menus.
         devices: accelerators by index, then cpu, then disk.
-        host_to_device_gbps: host RAM -> accelerator copy bandwidth, GB/s.
+        host_to_device_gbps: pinned host RAM -> accelerator copy bandwidth, GB/s.
         disk_read_gbps: offload-folder read bandwidth, GB/s.
         source: the JSON file, or ``None`` for detected hardware.
+        host_to_device_pageable_gbps: the same from pageable RAM; ``None``: not known
+            (``pageable_gbps`` then assumes ``PAGEABLE_FRACTION`` of the pinned rate).
+        links_measured: whether the host-to-device figures were measured on this machine.
     """
 
     name: str
@@ -136,6 +172,25 @@ class HardwareProfile:
     host_to_device_gbps: float = DEFAULT_HOST_TO_DEVICE_GBPS
     disk_read_gbps: float = DEFAULT_DISK_READ_GBPS
     source: Path | None = field(default=None, compare=False)
+    host_to_device_pageable_gbps: float | None = None
+    links_measured: bool = False
+
+    @property
+    def pageable_gbps(self) -> float:
+        """Host-to-device GB/s from pageable RAM: measured or given, else half the pinned."""
+        if self.host_to_device_pageable_gbps is not None:
+            return self.host_to_device_pageable_gbps
+        return self.host_to_device_gbps * PAGEABLE_FRACTION
+
+    def budget_description(self) -> str:
+        """How the budgets are made, one clause per device that has a deduction:
+        ``"budgets: cuda:0 24 GiB - 0.98 GiB margin = 23 GiB"`` (or ``"budgets: full memory"``)."""
+        clauses = [
+            f"{_device_words(spec.device)} {spec.budget_words()}"
+            for spec in self.devices
+            if spec.budget_bytes != spec.memory_bytes
+        ]
+        return f"budgets: {'; '.join(clauses)}" if clauses else "budgets: full memory"
 
     def budgets(self) -> dict[int | str, int]:
         """Return ``{device: budget_bytes}`` for ``max_memory`` (GPUs, then cpu, then disk)."""
@@ -171,23 +226,39 @@ class HardwareProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the profile as the JSON data ``load_profile`` reads."""
+        links: dict[str, Any] = {}
+        if self.host_to_device_pageable_gbps is not None:
+            links["host_to_device_pageable_gbps"] = self.host_to_device_pageable_gbps
+        if self.links_measured:
+            links["links_measured"] = True
         return {
             "name": self.name,
             "description": self.description,
             "host_to_device_gbps": self.host_to_device_gbps,
+            **links,
             "disk_read_gbps": self.disk_read_gbps,
-            "devices": [
-                {
-                    "device": spec.device,
-                    "name": spec.name,
-                    "memory": spec.memory_bytes,
-                    **({"free": spec.free_bytes} if spec.free_bytes is not None else {}),
-                    "compute_tflops": spec.compute_tflops,
-                    "memory_bandwidth_gbps": spec.memory_bandwidth_gbps,
-                }
-                for spec in self.devices
-            ],
+            "devices": [_device_to_dict(spec) for spec in self.devices],
         }
+
+
+def _device_to_dict(spec: DeviceSpec) -> dict[str, Any]:
+    optional = {
+        "free": spec.free_bytes,
+        "held": spec.held_bytes,
+        "safety_margin": spec.margin_bytes,
+    }
+    return {
+        "device": spec.device,
+        "name": spec.name,
+        "memory": spec.memory_bytes,
+        **{key: value for key, value in optional.items() if value is not None},
+        "compute_tflops": spec.compute_tflops,
+        "memory_bandwidth_gbps": spec.memory_bandwidth_gbps,
+    }
+
+
+def _device_words(device: int | str) -> str:
+    return f"cuda:{device}" if isinstance(device, int) else str(device)
 
 
 def user_config_dir(kind: str) -> Path:
@@ -267,19 +338,40 @@ def default_offload_root() -> Path:
     return Path(explicit).expanduser() if explicit else Path(tempfile.gettempdir())
 
 
-def detect_hardware(offload_folder: str | os.PathLike[str] | None = None) -> HardwareProfile:
-    """Describe this machine: each CUDA device (total and free), CPU RAM, and the free disk
-    where ``offload_folder`` (default: ``default_offload_root()``) lives; the disk's name says
-    which path was measured. Bandwidths are typical values, not measurements."""
+def detect_hardware(
+    offload_folder: str | os.PathLike[str] | None = None, *, measure_links: bool = True
+) -> HardwareProfile:
+    """Describe this machine: each CUDA device (total, held by the driver and other processes,
+    free), CPU RAM, and the free disk where ``offload_folder`` (default:
+    ``default_offload_root()``) lives; the disk's name says which path was measured.
+
+    With a GPU and ``measure_links``, the host-to-device bandwidth (pinned and pageable) is
+    measured once per device and cached (``device_probe.cached_link_bandwidth``); compute and
+    memory bandwidths are known values for the GPU's name. Budgets are ``free - margin``.
+    """
     devices: list[DeviceSpec] = []
+    links = None
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            free_bytes, total_bytes = torch.cuda.mem_get_info(index)
-            tflops, bandwidth = _known_gpu_speed(props.name)
-            devices.append(
-                DeviceSpec(index, props.name, int(total_bytes), int(free_bytes), tflops, bandwidth)
+            total_bytes, held_bytes = gpu_memory_held(index)
+            tflops, bandwidth = known_gpu_speed(props.name) or (
+                GENERIC_GPU_TFLOPS,
+                GENERIC_GPU_BANDWIDTH_GBPS,
             )
+            devices.append(
+                DeviceSpec(
+                    index,
+                    props.name,
+                    total_bytes,
+                    total_bytes - held_bytes,
+                    tflops,
+                    bandwidth,
+                    held_bytes=held_bytes,
+                )
+            )
+        if measure_links and devices:
+            links = measured_link_bandwidth(len(devices))
     ram = psutil.virtual_memory()
     devices.append(
         DeviceSpec(
@@ -297,19 +389,24 @@ def detect_hardware(offload_folder: str | os.PathLike[str] | None = None) -> Har
         disk_at = disk_at.parent  # measure the filesystem the folder will be created on
     usage = shutil.disk_usage(disk_at)
     devices.append(DeviceSpec("disk", f"disk at {disk_at}", int(usage.total), int(usage.free)))
-    return HardwareProfile(
-        name=DETECTED_NAME,
-        description="this machine (detected; bandwidths are typical values)",
-        devices=tuple(devices),
+    profile = HardwareProfile(name=DETECTED_NAME, description="", devices=tuple(devices))
+    if links is not None:
+        profile = replace(
+            profile,
+            host_to_device_gbps=links.pinned_gbps,
+            host_to_device_pageable_gbps=links.pageable_gbps,
+            links_measured=True,
+        )
+    measured = (
+        f"host->device measured {links.pinned_gbps:.3g} GB/s pinned, "
+        f"{links.pageable_gbps:.3g} pageable"
+        if links is not None
+        else "link bandwidths are typical values"
     )
-
-
-def _known_gpu_speed(name: str) -> tuple[float, float]:
-    upper = name.upper()
-    for key, tflops, bandwidth in _KNOWN_GPUS:
-        if key in upper:
-            return tflops, bandwidth
-    return GENERIC_GPU_TFLOPS, GENERIC_GPU_BANDWIDTH_GBPS
+    notes = [measured, profile.budget_description()]
+    if profile.accelerators:
+        notes.append(f"GPU margin: {SAFETY_MARGINS['cuda'].why}")
+    return replace(profile, description=f"this machine (detected; {'; '.join(notes)})")
 
 
 def _read_profile(path: Path) -> HardwareProfile:
@@ -361,6 +458,12 @@ def profile_from_dict(data: Any, *, source: Path | None = None) -> HardwareProfi
         ),
         disk_read_gbps=_positive(data, "disk_read_gbps", DEFAULT_DISK_READ_GBPS, where_file),
         source=source,
+        host_to_device_pageable_gbps=(
+            _positive(data, "host_to_device_pageable_gbps", 0.0, where_file)
+            if data.get("host_to_device_pageable_gbps") is not None
+            else None
+        ),
+        links_measured=data.get("links_measured") is True,
     )
 
 
@@ -374,7 +477,15 @@ def _device_from_dict(raw: Any, where: str) -> DeviceSpec:
     memory_bytes = profile_size(raw, "memory", where)
     if memory_bytes == 0:
         raise ProfileError(f"{where}: 'memory' must be above 0 bytes, got {raw['memory']!r}")
-    free_bytes = profile_size(raw, "free", where) if raw.get("free") is not None else None
+    free_bytes, held_bytes, margin_bytes = (
+        profile_size(raw, key, where) if raw.get(key) is not None else None
+        for key in ("free", "held", "safety_margin")
+    )
+    if held_bytes is not None and held_bytes > memory_bytes:
+        raise ProfileError(
+            f"{where}: 'held' ({format_nbytes(held_bytes)}) is more than 'memory' "
+            f"({format_nbytes(memory_bytes)}); give the memory other processes hold"
+        )
     # left out (0.0), a CPU's or GPU's speeds take typical values in ``DeviceSpec``
     disk = device == "disk"
     tflops = _positive(raw, "compute_tflops", 0.0, where, allow_zero=disk)
@@ -386,6 +497,8 @@ def _device_from_dict(raw: Any, where: str) -> DeviceSpec:
         free_bytes=free_bytes,
         compute_tflops=tflops,
         memory_bandwidth_gbps=bandwidth,
+        held_bytes=held_bytes,
+        margin_bytes=margin_bytes,
     )
 
 
@@ -429,7 +542,13 @@ def profile_for_budgets(
     for device, nbytes in budgets.items():
         canonical = normalize_device(device)
         if base is not None and base.has_device(canonical):
-            spec = replace(base.device(canonical), memory_bytes=int(nbytes), free_bytes=None)
+            spec = replace(
+                base.device(canonical),
+                memory_bytes=int(nbytes),
+                free_bytes=None,
+                held_bytes=None,
+                margin_bytes=0,  # the budgets given are what the plan may use, nothing less
+            )
         elif isinstance(canonical, int):
             spec = DeviceSpec(
                 canonical,
@@ -438,6 +557,7 @@ def profile_for_budgets(
                 None,
                 GENERIC_GPU_TFLOPS,
                 GENERIC_GPU_BANDWIDTH_GBPS,
+                margin_bytes=0,
             )
         elif canonical == "disk":
             spec = DeviceSpec("disk", "disk (assumed)", int(nbytes))
@@ -461,4 +581,6 @@ def profile_for_budgets(
         host_to_device_gbps=base.host_to_device_gbps if base else DEFAULT_HOST_TO_DEVICE_GBPS,
         disk_read_gbps=base.disk_read_gbps if base else DEFAULT_DISK_READ_GBPS,
         source=base.source if base else None,
+        host_to_device_pageable_gbps=base.host_to_device_pageable_gbps if base else None,
+        links_measured=base.links_measured if base else False,
     )

@@ -12,8 +12,12 @@ load / infer / verify jobs, and telemetry. No widgets, no Qt.
 
 What the GUI and the CLI share, one implementation each:
 
-- ``planning``: ``plan_opened_model`` and ``activation_reserve`` (the planner panel and
-  ``workbench plan``); ``strategy_compare``: one ``Candidate`` per strategy.
+- ``planning``: ``plan_opened_model``, ``MemoryOptions`` and ``device_reserves`` (each
+  device's KV cache + activation reserve: the planner panel, the lanes and ``workbench
+  plan``); ``strategy_compare``: one ``Candidate`` per strategy;
+  ``precision_planning``: precision and placement planned together (``--precisions``);
+  ``prequantized_planning``: checkpoints stored quantized, planned at their header sizes;
+  ``quantization_code``: the ``quantization_config`` of "Copy as code".
 - ``map_edits``: device-map arithmetic over a module tree (``MapIndex``, ``move_modules``).
 - ``map_code``: the ``from_pretrained`` code for a map, budgets exact ("Copy as code",
   ``--emit-code``).

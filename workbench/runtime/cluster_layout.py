@@ -7,6 +7,13 @@ single-machine planner uses) and its config: the *layers* are the outermost no-s
 first pipeline stage, tensors after the last (``model.norm``, ``lm_head``) with the last stage.
 A tied ``lm_head`` costs the last stage a copy of the embedding when the pipeline has more than
 one stage, as vLLM and SGLang load it there.
+
+The KV cache comes from the memory model (``kv_cache_per_layer``) counted as the serving engine
+keeps it: GQA/MQA heads split over tensor-parallel ranks, sliding layers hold their window, and
+an MLA model (DeepSeek-V2/V3) keeps the compressed latent, ``kv_lora_rank + qk_rope_head_dim``
+per token, whole on every TP rank (vLLM and SGLang replicate it; it has no heads to split).
+A mixture-of-experts layer holds all its experts but a token reads and computes only
+``experts_per_token`` of them (``read_nbytes``, ``active_params``).
 """
 
 from __future__ import annotations
@@ -18,10 +25,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.planning.activation_reserve import estimate_activation_reserve
+from workbench.big_modeling.planning.activation_peak import activation_peak
+from workbench.big_modeling.planning.attention_kinds import AttentionLayout, read_attention_layout
+from workbench.big_modeling.planning.kv_cache import kv_cache_per_layer
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
+
+# Whose cache layout each cluster engine has (kv_cache_per_layer's engines); llama.cpp and our
+# own torch pipeline (transformers) keep the MLA latent too.
+KV_ENGINES = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "llama.cpp": "transformers",
+    "torch": "transformers",
+}
+_COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -39,7 +58,14 @@ class ModelLayout:
         hidden_size, num_heads, num_kv_heads, head_dim, vocab_size: from the config.
         max_positions: the config's ``max_position_embeddings`` (0 when absent).
         weight_dtype: the dtype weights are counted in.
-        config: the transformers config (for the activation reserve), or ``None``.
+        config: the transformers config, or ``None``.
+        attention: the memory model's reading of the config (per-layer KV and activations),
+            or ``None`` (hand-made layouts, configs it cannot read): then every layer caches
+            ``2 * kv_heads * head_dim`` elements per token.
+        num_experts, experts_per_token: routed experts of a MoE model and how many each token
+            uses (0 for a dense model).
+        layer_expert_nbytes, layer_expert_params: the routed experts' share of each block
+            (``()`` for a dense model).
     """
 
     name: str
@@ -61,44 +87,149 @@ class ModelLayout:
     tied_head_nbytes: int = 0
     weight_dtype: torch.dtype = torch.bfloat16
     config: Any = None
+    attention: AttentionLayout | None = None
+    num_experts: int = 0
+    experts_per_token: int = 0
+    layer_expert_nbytes: tuple[int, ...] = ()
+    layer_expert_params: tuple[int, ...] = ()
 
     @property
     def num_layers(self) -> int:
         return len(self.layer_names)
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of activations and of an ``auto`` KV cache: the weights' dtype when it is
+        a 16- or 32-bit float, else bfloat16 (fp8 / int weights compute in it, as vLLM's
+        ``--dtype auto`` does for an fp8 checkpoint)."""
+        return self.weight_dtype if self.weight_dtype in _COMPUTE_DTYPES else torch.bfloat16
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts and self.experts_per_token and self.layer_expert_nbytes)
+
+    def expert_read_fraction(self, tokens: int) -> float:
+        """Expected share of a layer's routed experts ``tokens`` tokens touch in one forward.
+
+        Each token picks ``k`` of ``E`` experts; with routing spread evenly an expert is
+        missed by all tokens with probability ``(1 - k/E) ** tokens``. DeepSeek-V3 (k 8 of
+        E 256): 1 token reads 3.1%, 32 tokens 64%, a 2048-token prefill all of them.
+        """
+        if not self.is_moe:
+            return 1.0
+        return 1.0 - (1.0 - self.experts_per_token / self.num_experts) ** max(tokens, 1)
+
+    def read_nbytes(self, layer: int, tokens: int) -> float:
+        """Weight bytes block ``layer`` reads for a forward of ``tokens`` tokens (all of a
+        dense block; the dense part plus the touched experts of a MoE block)."""
+        if not self.is_moe:
+            return self.layer_nbytes[layer]
+        experts = self.layer_expert_nbytes[layer]
+        dense = self.layer_nbytes[layer] - experts
+        return dense + experts * self.expert_read_fraction(tokens)
+
+    def active_params(self, layer: int) -> float:
+        """Parameters one token computes with in block ``layer`` (``k / E`` of the experts)."""
+        if not self.is_moe:
+            return self.layer_params[layer]
+        experts = self.layer_expert_params[layer]
+        dense = self.layer_params[layer] - experts
+        return dense + experts * self.experts_per_token / self.num_experts
+
+    @property
     def total_nbytes(self) -> int:
         return sum(self.layer_nbytes) + self.pre_nbytes + self.post_nbytes
 
     def kv_bytes_per_layer(self, tokens: int, kv_bytes_per_element: float, tp: int) -> int:
-        """KV cache bytes one device holds for one layer and ``tokens`` cached tokens.
+        """KV cache bytes one device holds for one dense-attention layer and ``tokens`` tokens.
 
         ``2 (K, V) * tokens * ceil(kv_heads / tp) * head_dim * b``: with more TP ranks than
-        KV heads each rank keeps one replicated head, as vLLM does.
+        KV heads each rank keeps one replicated head, as vLLM does. The figure of every layer
+        of a layout without ``attention``; ``kv_cache_bytes`` is the per-layer figure.
         """
         heads_per_rank = max(1, math.ceil(self.num_kv_heads / tp))
         return int(2 * tokens * heads_per_rank * self.head_dim * kv_bytes_per_element)
 
+    def kv_cache_bytes(
+        self,
+        batch: int,
+        context: int,
+        kv_dtype: torch.dtype | None,
+        tp: int,
+        engine: str = "vllm",
+    ) -> tuple[int, ...]:
+        """KV cache bytes one device of a ``tp``-rank group holds, per layer.
+
+        From ``kv_cache_per_layer`` for ``engine``'s cache layout (``KV_ENGINES``): head-split
+        layers keep ``ceil(kv_heads / tp)`` of ``kv_heads`` heads' bytes, an MLA layer's latent
+        and a state-space layer's state stay whole on every rank.
+
+        Args:
+            batch: sequences cached.
+            context: tokens per sequence.
+            kv_dtype: the cache's dtype; ``None`` means ``compute_dtype``.
+            tp: tensor-parallel ranks sharing each layer.
+            engine: a cluster engine (``"vllm"``, ``"sglang"``, ``"llama.cpp"``, ``"torch"``).
+
+        Returns:
+            One figure per layer, in model order.
+
+        Example:
+            >>> layout = ModelLayout.from_opened(open_model("deepseek-v3"))  # doctest: +SKIP
+            >>> layout.kv_cache_bytes(1, 1000, None, 8)[0]  # 1000 * (512 + 64) * 2 B, any TP
+            1152000
+        """
+        dtype = kv_dtype or self.compute_dtype
+        layers = None
+        if self.attention is not None and len(self.attention.layers) == self.num_layers:
+            layers = kv_cache_per_layer(
+                self.attention,
+                batch=batch,
+                context=context,
+                kv_dtype=dtype,
+                model_dtype=self.compute_dtype,
+                engine=KV_ENGINES.get(engine, "transformers"),  # type: ignore[arg-type]
+                cache="static",
+            )
+        if layers is None:
+            b = torch.empty((), dtype=dtype).element_size()
+            return (self.kv_bytes_per_layer(batch * context, b, tp),) * self.num_layers
+        per_rank = []
+        for layer in layers:
+            heads = layer.attention.kv_heads
+            split = layer.self_nbytes + layer.cross_nbytes
+            if layer.attention.kind != "mla" and heads > 0:
+                split = math.ceil(split * max(1, math.ceil(heads / tp)) / heads)
+            per_rank.append(split + layer.state_nbytes)
+        return tuple(per_rank)
+
     def activation_bytes(self, chunk_tokens: int, dtype: torch.dtype, tp: int) -> int:
         """Activation bytes one device needs for a prefill chunk of ``chunk_tokens`` tokens.
 
-        The workspace term of ``estimate_activation_reserve`` (its total minus its KV cache):
-        the largest of the MLP's gate/up outputs, one layer's attention scores and the fp32
-        logits, for one chunk, split over ``tp`` ranks (each holds its shard of the
-        intermediate, of the heads and of the vocabulary). Engines prefill in chunks (vLLM
-        ``--max-num-batched-tokens``, SGLang ``--chunked-prefill-size``), so the context
-        length does not enter here; it sizes the KV cache.
+        The memory model's prefill peak (``activation_peak`` with flash attention, the
+        logits of one position per sequence as a serving engine samples them) split over
+        ``tp`` ranks (each holds its shard of the intermediate, of the heads and of the
+        vocabulary). Engines prefill in chunks (vLLM ``--max-num-batched-tokens``, SGLang
+        ``--chunked-prefill-size``), so the context length does not enter here; it sizes the
+        KV cache. Without ``attention`` (a hand-made layout): the larger of the gated MLP's
+        outputs and the fp32 logits of the chunk, ``max(T * 2 * 4 H * 2, T * V * 4) / tp``.
         """
-        if self.config is None:
+        if self.attention is None:
             largest = max(
                 chunk_tokens * 2 * 4 * self.hidden_size * 2,
                 chunk_tokens * self.vocab_size * 4,
             )
             return math.ceil(largest / tp)
-        total = estimate_activation_reserve(self.config, 1, chunk_tokens, dtype)
-        b = torch.empty((), dtype=dtype).element_size()
-        kv = 2 * self.num_layers * chunk_tokens * self.num_kv_heads * self.head_dim * b
-        return math.ceil((total - kv) / tp)
+        peak = activation_peak(
+            self.attention,
+            batch=1,
+            tokens=chunk_tokens,
+            dtype=dtype if dtype in _COMPUTE_DTYPES else self.compute_dtype,
+            attention="flash_attention_2",
+            logits_to_keep=1,
+            cache="static",
+        )
+        return math.ceil(peak.prefill_nbytes / tp)
 
     @classmethod
     def from_opened(cls, opened: OpenedModel) -> ModelLayout:
@@ -162,6 +293,9 @@ class ModelLayout:
             )
         kv_heads = _first(text, ("num_key_value_heads", "num_kv_heads")) or heads
         head_dim = _first(text, ("head_dim",)) or hidden // heads
+        num_experts = _first(text, ("n_routed_experts", "num_local_experts", "num_experts")) or 0
+        experts_per_token = _first(text, ("num_experts_per_tok", "moe_topk")) or 0
+        experts = [_routed_experts(node) for node in layers]
         return cls(
             name=opened.label,
             layer_names=tuple(node.name for node in layers),
@@ -183,7 +317,36 @@ class ModelLayout:
             tied_head_nbytes=tied_head,
             weight_dtype=_weight_dtype(opened),
             config=opened.config,
+            attention=_attention_layout(opened.config),
+            num_experts=num_experts if any(experts) else 0,
+            experts_per_token=experts_per_token if any(experts) else 0,
+            layer_expert_nbytes=tuple(e[0] for e in experts) if any(experts) else (),
+            layer_expert_params=tuple(e[1] for e in experts) if any(experts) else (),
         )
+
+
+def _attention_layout(config: Any) -> AttentionLayout | None:
+    """The memory model's reading of ``config``; ``None`` when it cannot read it (the dense
+    per-head figure is used then)."""
+    try:
+        return read_attention_layout(config, warn=False)
+    except BadInputError:
+        return None
+
+
+def _routed_experts(layer: Any) -> tuple[int, int]:
+    """``(bytes, params)`` of the routed experts inside a block: its ``experts`` module
+    (transformers' fused ``*Experts`` or a ``ModuleList``), never ``shared_experts``."""
+    nbytes = params = 0
+    stack = list(layer.children)
+    while stack:
+        node = stack.pop()
+        if node.short_name == "experts":
+            nbytes += node.nbytes
+            params += node.param_count
+        else:
+            stack.extend(node.children)
+    return nbytes, params
 
 
 def _inside_no_split(node: Any) -> bool:

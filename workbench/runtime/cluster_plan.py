@@ -6,8 +6,10 @@ GPUs form groups of ``tp`` consecutive GPUs of one node; for each pipeline size 
 the number of groups) stage ``s`` runs on group ``s``. Per device of stage ``s``::
 
     weights     = (layers_s + embeddings if s == 0 + norm/lm_head if s == last) / tp
-    kv_cache    = layers_s * 2 * batch * context * ceil(kv_heads / tp) * head_dim * b_kv
-    activations = workspace of one prefill chunk / tp     (ModelLayout.activation_bytes)
+    kv_cache    = sum over layers_s of the engine's per-layer cache per rank
+                  (ModelLayout.kv_cache_bytes: GQA 2 * batch * context * ceil(kv_heads / tp)
+                  * head_dim * b_kv; MLA batch * context * (kv_lora_rank + rope) * b_kv whole)
+    activations = prefill peak of one chunk / tp            (ModelLayout.activation_bytes)
     overhead    = ENGINE_OVERHEAD_BYTES[engine]
     total       <= budget = min(MAX_UTILIZATION * memory, memory - used)
 
@@ -15,6 +17,8 @@ Speed (per stage, summed along the pipeline for one batch; ``F``/``M`` the GPU's
 memory GB/s, ``mfu``/``mbu`` as in ``workbench.models.speed``)::
 
     layer decode  = max(2 N B / (tp F mfu), (W / tp + kv_read) / (M mbu)) + 2 all-reduces
+                    (MoE: N the active parameters, W the dense part plus the experts the B
+                    tokens touch, ModelLayout.active_params / read_nbytes)
     all-reduce    = 2 (tp - 1) / tp * B * hidden * b / BW_link + 2 (tp - 1) * latency_link
     boundary      = B * hidden * b / BW + latency   (intra-node link, or the network)
     decode tok/s  = B / (sum of stage times + boundaries)
@@ -41,6 +45,7 @@ from workbench.big_modeling.errors import BadInputError
 from workbench.models.cluster import ClusterProfile, GPUSpec, LinkSpec
 from workbench.models.speed import MEMORY_BANDWIDTH_UTILIZATION, MODEL_FLOPS_UTILIZATION
 from workbench.runtime.cluster_layout import ModelLayout
+from workbench.runtime.cluster_partition import partition_layers
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "torch")
 GIB = 2**30
@@ -59,7 +64,13 @@ ENGINE_OVERHEAD_BYTES: dict[str, int] = {
 }
 MAX_UTILIZATION = 0.95  # leave 5% of each GPU for fragmentation and the allocator
 DEFAULT_CHUNK_TOKENS = 2048
-KV_DTYPES = {"auto": None, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
+# --kv-cache-dtype values and the cache dtype each means (None: the model's compute dtype)
+KV_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 
 
 @dataclass(frozen=True)
@@ -229,8 +240,8 @@ def plan_cluster(
             f"context, batch, prompt and chunk must be positive, got {context}, {batch_size}, "
             f"{prompt}, {chunk_tokens}"
         )
-    w_b = torch.empty((), dtype=layout.weight_dtype).element_size()
-    kv_b = KV_DTYPES[kv_cache_dtype] or w_b
+    kv_dtype = KV_DTYPES[kv_cache_dtype] or layout.compute_dtype
+    kv_b = torch.empty((), dtype=kv_dtype).element_size()
     trace = [
         f"{layout.name}: {layout.num_layers} layers, {layout.total_nbytes / 1e9:.1f} GB of "
         f"weights in {str(layout.weight_dtype).removeprefix('torch.')}; KV cache for "
@@ -238,6 +249,7 @@ def plan_cluster(
         f"{chunk_tokens}-token prefill chunk; {engine} overhead "
         f"{ENGINE_OVERHEAD_BYTES[engine] / GIB:.1f} GiB per GPU",
     ]
+    trace += _model_notes(layout, batch_size, context, kv_dtype, engine)
     sizes = tp_sizes or _tp_sizes(layout, cluster, engine, trace)
     candidates = []
     for tp in sizes:
@@ -252,8 +264,7 @@ def plan_cluster(
                     context,
                     batch_size,
                     prompt,
-                    kv_b,
-                    w_b,
+                    kv_dtype,
                     chunk_tokens,
                     cluster,
                 )
@@ -280,6 +291,30 @@ def plan_cluster(
         candidates=tuple(candidates),
         trace=tuple(trace),
     )
+
+
+def _model_notes(
+    layout: ModelLayout, batch: int, context: int, kv_dtype: torch.dtype, engine: str
+) -> list[str]:
+    """Trace lines for what changes the arithmetic: an MLA cache, mixture-of-experts reads."""
+    notes = []
+    kinds = {layer.kind for layer in layout.attention.layers} if layout.attention else set()
+    if "mla" in kinds:
+        per_layer = layout.kv_cache_bytes(batch, context, kv_dtype, 1, engine)
+        mla = next(layer.mla for layer in layout.attention.layers if layer.mla)  # type: ignore[union-attr]
+        notes.append(
+            f"MLA: {engine} caches the compressed latent, {mla.kv_lora_rank} + "
+            f"{mla.qk_rope_head_dim} elements per token and layer "
+            f"({max(per_layer) / GIB:.2f} GiB per layer for {batch} x {context} tokens), whole "
+            "on every TP rank: more TP does not shrink it, more pipeline stages do"
+        )
+    if layout.is_moe:
+        notes.append(
+            f"MoE: {layout.experts_per_token} of {layout.num_experts} routed experts per token; "
+            f"every expert is held, a decode step at batch {batch} reads "
+            f"{layout.expert_read_fraction(batch):.0%} of them, a prefill all"
+        )
+    return notes
 
 
 def _tp_sizes(
@@ -350,17 +385,17 @@ def _plan_candidate(
     context: int,
     batch: int,
     prompt: int,
-    kv_b: float,
-    w_b: int,
+    kv_dtype: torch.dtype,
     chunk: int,
     cluster: ClusterProfile,
 ) -> ClusterCandidate:
     pp = len(groups)
     n = layout.num_layers
-    kv_layer = layout.kv_bytes_per_layer(batch * context, kv_b, tp)
-    activations = layout.activation_bytes(chunk, layout.weight_dtype, tp)
+    kv_layer = layout.kv_cache_bytes(batch, context, kv_dtype, tp, engine)
+    activations = layout.activation_bytes(chunk, layout.compute_dtype, tp)
     overhead = ENGINE_OVERHEAD_BYTES[engine]
-    token_bytes = batch * layout.hidden_size * w_b  # one token's hidden state per sequence
+    # one token's hidden state per sequence, in the compute dtype
+    token_bytes = batch * layout.hidden_size * layout.compute_dtype.itemsize
 
     def fixed(s: int) -> tuple[int, int, int]:
         """(bytes held, params computed, bytes read per token) of the embeddings/head on
@@ -377,10 +412,19 @@ def _plan_candidate(
 
     def decode_layer(i: int, g: _Group) -> float:
         return _layer_s(
-            layout.layer_params[i], layout.layer_nbytes[i], kv_layer, batch, tp, g, token_bytes
+            layout.active_params(i),
+            layout.read_nbytes(i, batch),
+            kv_layer[i],
+            batch,
+            tp,
+            g,
+            token_bytes,
         )
 
-    layer_mem = [math.ceil(nbytes / tp) + kv_layer for nbytes in layout.layer_nbytes]
+    layer_mem = [
+        math.ceil(nbytes / tp) + kv
+        for nbytes, kv in zip(layout.layer_nbytes, kv_layer, strict=True)
+    ]
     stage_fixed_mem = [math.ceil(fixed(s)[0] / tp) + activations + overhead for s in range(pp)]
     stage_fixed_time = [
         _layer_s(fixed(s)[1], fixed(s)[2], 0, batch, tp, groups[s], 0) for s in range(pp)
@@ -388,10 +432,10 @@ def _plan_candidate(
     layer_time = [[decode_layer(i, g) for i in range(n)] for g in groups]
     budgets = [budget_bytes(g.spec) for g in groups]
 
-    counts = _partition(n, layer_mem, layer_time, stage_fixed_mem, stage_fixed_time, budgets)
+    counts = partition_layers(n, layer_mem, layer_time, stage_fixed_mem, stage_fixed_time, budgets)
     memory_bound = counts is not None
     if counts is None:  # does not fit: balance time alone, then report the overflow
-        counts = _partition(n, layer_mem, layer_time, stage_fixed_mem, stage_fixed_time, None)
+        counts = partition_layers(n, layer_mem, layer_time, stage_fixed_mem, stage_fixed_time, None)
     assert counts is not None
     stages = []
     first = 0
@@ -403,8 +447,8 @@ def _plan_candidate(
         decode_s = stage_fixed_time[s] + sum(layer_time[s][i] for i in layers)
         prefill_s = _layer_s(fixed_params, fixed_read, 0, batch * prompt, tp, group, 0) + sum(
             _layer_s(
-                layout.layer_params[i],
-                layout.layer_nbytes[i],
+                layout.active_params(i),
+                layout.read_nbytes(i, batch * prompt),
                 0,
                 batch * prompt,
                 tp,
@@ -439,7 +483,7 @@ def _plan_candidate(
                 modules=modules,
                 weights_bytes=math.ceil(fixed_bytes / tp)
                 + sum(math.ceil(layout.layer_nbytes[i] / tp) for i in layers),
-                kv_cache_bytes=kv_layer * count,
+                kv_cache_bytes=sum(kv_layer[i] for i in layers),
                 activation_bytes=activations,
                 overhead_bytes=overhead,
                 budget_bytes=budgets[s],
@@ -469,97 +513,6 @@ def _boundary_link(groups: list[_Group], s: int, cluster: ClusterProfile) -> Lin
     if groups[s].node == groups[s + 1].node:
         return groups[s].link
     return cluster.network
-
-
-def _partition(
-    n: int,
-    layer_mem: list[int],
-    layer_time: list[list[float]],
-    fixed_mem: list[int],
-    fixed_time: list[float],
-    budgets: list[int] | None,
-) -> list[int] | None:
-    """Layer counts per stage minimising the slowest stage, every stage within its budget
-    (``budgets=None``: time alone); ``None`` when no partition fits."""
-    pp = len(fixed_mem)
-    if n < pp:
-        return None
-
-    def greedy(limit_s: float) -> list[int] | None:
-        counts = []
-        i = 0
-        for s in range(pp):
-            left_after = pp - 1 - s
-            mem, time_s, k = fixed_mem[s], fixed_time[s], 0
-            while i + k < n - left_after:
-                next_mem = mem + layer_mem[i + k]
-                next_time = time_s + layer_time[s][i + k]
-                if (budgets is not None and next_mem > budgets[s]) or next_time > limit_s:
-                    break
-                mem, time_s, k = next_mem, next_time, k + 1
-            if k == 0:
-                return None
-            counts.append(k)
-            i += k
-        return counts if i == n else None
-
-    high = max(fixed_time) + sum(max(row[i] for row in layer_time) for i in range(n)) + 1.0
-    if greedy(high) is None:
-        return None
-    low = 0.0
-    for _ in range(60):
-        middle = (low + high) / 2
-        if greedy(middle) is None:
-            low = middle
-        else:
-            high = middle
-    return _even_out(greedy(high), layer_mem, layer_time, fixed_mem, fixed_time, budgets, high)
-
-
-def _even_out(
-    counts: list[int] | None,
-    layer_mem: list[int],
-    layer_time: list[list[float]],
-    fixed_mem: list[int],
-    fixed_time: list[float],
-    budgets: list[int] | None,
-    limit_s: float,
-) -> list[int] | None:
-    """The greedy partition at the optimal time fills the first stages and leaves the last
-    with the rest (``8,9,...,9,1``); shift layers back so each stage holds about its share of
-    what is left, never past ``limit_s`` or a budget."""
-    if counts is None:
-        return None
-    counts = list(counts)
-    for _ in range(sum(counts)):
-        moved = False
-        for s in range(len(counts) - 1, 0, -1):
-            while counts[s - 1] > 1:
-                first_next = sum(counts[:s]) - 1  # the layer that would move to stage s
-                times = [
-                    fixed_time[t] + sum(layer_time[t][i] for i in _span(counts, t))
-                    for t in (s - 1, s)
-                ]
-                moved_time = layer_time[s][first_next]
-                if times[1] + moved_time >= times[0]:
-                    break
-                if times[1] + moved_time > limit_s:
-                    break
-                if budgets is not None:
-                    mem = fixed_mem[s] + sum(layer_mem[i] for i in _span(counts, s))
-                    if mem + layer_mem[first_next] > budgets[s]:
-                        break
-                counts[s - 1] -= 1
-                counts[s] += 1
-                moved = True
-        if not moved:
-            break
-    return counts
-
-
-def _span(counts: list[int], s: int) -> range:
-    start = sum(counts[:s])
-    return range(start, start + counts[s])
 
 
 def _candidate_trace(

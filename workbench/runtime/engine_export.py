@@ -31,6 +31,7 @@ from pathlib import Path
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.big_modeling.errors import BadInputError
 from workbench.runtime.cluster_plan import GIB, ClusterCandidate, ClusterPlan
+from workbench.runtime.formatting import format_rate, format_seconds
 
 HEAD_ADDR = "${HEAD_IP:?set HEAD_IP to the address of node 0}"
 RAY_PORT = 6379
@@ -256,9 +257,10 @@ def plan_readme(plan: ClusterPlan, candidate: ClusterCandidate | None = None) ->
         lines += [
             f"## Chosen: {chosen.label} ({'fits' if chosen.fits else 'DOES NOT FIT'})",
             "",
-            f"Predicted decode {chosen.decode_tokens_per_s:.3g} tok/s (one batch), "
-            f"{chosen.pipelined_tokens_per_s:.3g} tok/s with {chosen.pp} batches in flight; "
-            f"prefill {chosen.prefill_tokens_per_s:.4g} tok/s; TTFT {chosen.ttft_s:.3g} s.",
+            f"Predicted decode {format_rate(chosen.decode_tokens_per_s)} (one batch), "
+            f"{format_rate(chosen.pipelined_tokens_per_s)} with {chosen.pp} batches in flight; "
+            f"prefill {format_rate(chosen.prefill_tokens_per_s)}; "
+            f"TTFT {format_seconds(chosen.ttft_s)}.",
             "",
             "| stage | node | GPUs | layers | weights | KV cache | activations | overhead | total / budget (GiB, per GPU) |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -275,14 +277,14 @@ def plan_readme(plan: ClusterPlan, candidate: ClusterCandidate | None = None) ->
     lines += [
         "## Candidates",
         "",
-        "| candidate | GPUs | fits | decode tok/s | pipelined tok/s | prefill tok/s | layers per stage |",
+        "| candidate | GPUs | fits | decode | pipelined | prefill | layers per stage |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in plan.candidates:
         lines.append(
             f"| {c.label} | {c.gpus_used} | {'yes' if c.fits else 'no'} | "
-            f"{c.decode_tokens_per_s:.3g} | {c.pipelined_tokens_per_s:.3g} | "
-            f"{c.prefill_tokens_per_s:.4g} | {','.join(map(str, c.layer_partition))} |"
+            f"{format_rate(c.decode_tokens_per_s)} | {format_rate(c.pipelined_tokens_per_s)} | "
+            f"{format_rate(c.prefill_tokens_per_s)} | {','.join(map(str, c.layer_partition))} |"
         )
     lines += ["", "## Why", "", *[f"- {line}" for line in plan.trace], "", "## Start", ""]
     lines.append(

@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +231,7 @@ class JobRunner:
         self.emit = emit
         self.load_observer = load_observer
         self.loaded: LoadedModel | None = None
+        self._memory_probe: Any = None  # a MemoryProbe, made by the first job (torch)
 
     def run(self, request: Request, token: CancelToken) -> Event:
         """Execute ``request``; emit and return its final ``Result`` or ``Failed`` event.
@@ -239,15 +240,19 @@ class JobRunner:
         bytes) and the traceback.
         """
         trace = JobTrace()
+        probe = self._probe()
 
         def emit(event: Event) -> None:
             trace.see(event)
+            probe.see(event)
             self.emit(event)
 
         try:
             if isinstance(request, Load):
                 self.unload()
+                probe.begin("load")
                 self.loaded = load_model(request, token, emit, observer=self.load_observer)
+                self.loaded.summary = _with_load_memory(self.loaded, probe)
                 final: Event = Result(request.request_id, "load", self.loaded.summary)
             elif isinstance(request, Unload):
                 self.unload()
@@ -260,7 +265,9 @@ class JobRunner:
                 if isinstance(request, Infer):
                     from workbench.runtime.inference import run_inference  # noqa: PLC0415 (torch; the GUI imports jobs)
 
+                    probe.begin("infer")
                     value: Any = run_inference(self.loaded, request, token, emit)
+                    value = _with_run_memory(self.loaded, value, probe)
                 else:
                     from workbench.runtime.verify import run_verify  # noqa: PLC0415 (torch; the GUI imports jobs)
 
@@ -269,6 +276,7 @@ class JobRunner:
             else:
                 raise BadInputError(f"the worker does not run {type(request).__name__} requests")
         except Exception as exc:
+            probe.abandon()
             if not isinstance(exc, LoadCancelled):
                 logger.debug("%s failed", request.kind, exc_info=True)
             if isinstance(request, Load):
@@ -276,6 +284,13 @@ class JobRunner:
             final = _failure(request, exc, trace)
         self.emit(final)
         return final
+
+    def _probe(self) -> Any:
+        if self._memory_probe is None:
+            from workbench.runtime.memory_reconcile import MemoryProbe  # noqa: PLC0415 (torch; the GUI imports jobs)
+
+            self._memory_probe = MemoryProbe()
+        return self._memory_probe
 
     def unload(self) -> None:
         """Drop the model and return its memory to the allocators."""
@@ -289,6 +304,39 @@ class JobRunner:
 
     def close(self) -> None:
         self.unload()
+
+
+def _with_load_memory(loaded: LoadedModel, probe: Any) -> LoadSummary:
+    """The load's summary with its predicted-vs-measured memory (unchanged if that fails:
+    measuring never fails a load)."""
+    try:
+        record = probe.finish_load(loaded.model, loaded.summary.nbytes_by_device)
+    except Exception:
+        logger.warning("memory after the load not measured", exc_info=True)
+        return loaded.summary
+    return replace(loaded.summary, memory=record)
+
+
+def _with_run_memory(loaded: LoadedModel, value: Any, probe: Any) -> Any:
+    """``value`` (an ``InferenceResult``) with the run's predicted-vs-measured memory."""
+    try:
+        params = (p for p in loaded.model.parameters() if p.is_floating_point())
+        first = next(params, None)
+        record = probe.finish_run(
+            loaded.model,
+            loaded.summary.nbytes_by_device,
+            config=getattr(loaded.opened, "config", None),
+            device_map=loaded.device_map,
+            prompt_tokens=int(value.prompt_tokens),
+            new_tokens=int(value.new_tokens),
+            dtype=first.dtype if first is not None else None,
+            entry_sizes=_entry_sizes(loaded.opened),
+        )
+    except Exception:
+        probe.abandon()
+        logger.warning("memory after the run not measured", exc_info=True)
+        return value
+    return replace(value, memory=record)
 
 
 def iter_job(runner: JobRunner, request: Request, token: CancelToken) -> Iterator[Event]:
@@ -396,6 +444,15 @@ def load_model(
     )
     throttle.flush()
     token.raise_if_cancelled()
+    if request.options.get("precision_map") or request.options.get("quantize"):
+        from workbench.big_modeling.quantization.apply import quantize_model, resolve_precision_map  # noqa: PLC0415 (torchao: only quantized loads)
+
+        emit(Phase(rid, "quantizing"))
+        precisions = resolve_precision_map(
+            model, request.options.get("precision_map"), request.options.get("quantize")
+        )
+        quantize_model(model, precisions, offload_folder=offload_folder)
+        token.raise_if_cancelled()
     done = throttle.last.bytes_done if throttle.last is not None else total
     emit(Phase(rid, "dispatching"))
     throttle(LoadProgress(done, total, "", "dispatching"))
@@ -499,13 +556,16 @@ def is_causal_lm(model: Any) -> bool:
         return False
 
 
+def _entry_sizes(opened: Any) -> dict[str, int]:
+    """Bytes per module name, as the opened model's tree counts them (header sizes)."""
+    tree = getattr(opened, "tree", None)
+    return tree.module_sizes() if tree is not None else {}
+
+
 def _nbytes_by_device(opened: Any, device_map: dict[str, int | str]) -> dict[str, int]:
     from workbench.big_modeling.devices import device_label  # noqa: PLC0415 (torch; the GUI imports jobs)
 
-    sizes: dict[str, int] = {}
-    tree = getattr(opened, "tree", None)
-    if tree is not None:
-        sizes = tree.module_sizes()
+    sizes = _entry_sizes(opened)
     out: dict[str, int] = {}
     for name, device in device_map.items():
         label = device_label(device)

@@ -6,7 +6,9 @@ refuses. It runs the engine's own checks: ``check_device_map`` (every tensor cov
 unknown keys or device values) and ``check_devices_available`` (the devices exist on this
 machine). A map that fits a what-if profile but names devices this machine lacks is a valid
 plan that cannot load *here*: ``map_problems`` is empty, ``device_problems`` says why. A model
-opened from a config alone plans fine but has no weights to load (``weight_problems``).
+opened from a config alone plans fine but has no weights to load (``weight_problems``); a GGUF
+file has them (the load job converts it first, once: Tools > Convert for loading does that step
+with its own progress).
 
 An all-disk map is valid: the CPU executes disk-offloaded modules (as in the reference).
 
@@ -114,7 +116,7 @@ def check_load(opened: Any, device_map: Mapping[str, object]) -> LoadCheck:
     map_problems = check_map(getattr(opened, "model", None), device_map)
     device_problems = check_devices(device_map) if not map_problems else ()
     weight_problems: tuple[str, ...] = ()
-    if getattr(opened, "checkpoint", None) is None:
+    if getattr(opened, "checkpoint", None) is None and getattr(opened, "gguf", None) is None:
         weight_problems = (
             f"{getattr(opened, 'source', 'this model')} has no weights (opened from a config "
             "alone): it can be planned, not loaded; open a model folder with safetensors",

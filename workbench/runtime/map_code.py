@@ -79,6 +79,7 @@ def from_pretrained_code(
     max_memory: Mapping[int | str, int],
     dtype: torch.dtype | None = None,
     placeholder: str | None = None,
+    quantization: list[str] | None = None,
 ) -> str:
     """Return Python that loads ``model_class`` from ``location`` along ``device_map``.
 
@@ -87,6 +88,8 @@ def from_pretrained_code(
             with ``format_budget``, so the code asks for exactly these bytes.
         dtype: the dtype to load in (``torch`` is imported only then); ``None``: as stored.
         placeholder: a comment line put above ``location`` (see ``checkpoint_location``).
+        quantization: lines defining ``quantization_config`` (from
+            ``runtime.quantization_code.quantization_config_code``), passed to the call.
 
     A comment says that transformers needs ``accelerate`` to load along a device map; a map
     with ``"disk"`` entries names an ``offload_folder``.
@@ -99,6 +102,7 @@ def from_pretrained_code(
         "",
         f"device_map = {_py_dict(dict(device_map))}",
         f"max_memory = {_py_dict(memory)}",
+        *(quantization or []),
         f"model = {model_class}.from_pretrained(",
     ]
     if placeholder:
@@ -112,6 +116,8 @@ def from_pretrained_code(
         lines.append('    offload_folder="offload",')
     if dtype is not None:
         lines.append(f"    dtype=torch.{dtype_name(dtype)},")
+    if quantization:
+        lines.append("    quantization_config=quantization_config,")
     lines.append(")")
     return "\n".join(lines) + "\n"
 

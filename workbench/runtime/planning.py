@@ -2,8 +2,12 @@
 ``workbench plan`` share. No widgets here.
 
 ``plan_opened_model`` plans with the sizes the model's tree reports (checkpoint headers when
-there are weights), so a plan's totals and the tree agree even for a checkpoint mixing dtypes;
-``activation_reserve`` is the memory kept free for a prefill of a given shape.
+there are weights), so a plan's totals and the tree agree even for a checkpoint mixing dtypes.
+With ``memory=MemoryOptions(...)`` each device keeps free what the memory model says the
+planned map needs there (``device_reserves``: the KV cache of the layers it runs plus their
+activation peak); the planner panel, the lanes and ``workbench plan`` all call
+``device_reserves``, so they show the same numbers. ``activation_reserve`` is the one-device
+figure for a prefill of a given shape.
 
 Example:
     >>> opened = open_model("demo")  # doctest: +SKIP
@@ -14,12 +18,27 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
 from workbench.big_modeling import PlanResult, estimate_activation_reserve, plan_device_map
+from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.planning.attention_kinds import (
+    AttentionKindWarning,
+    AttentionLayout,
+    read_attention_layout,
+)
+from workbench.big_modeling.planning.device_reserve import (
+    DeviceReserve,
+    layer_module_names,
+    reserve_for_device_map,
+)
+from workbench.big_modeling.planning.kv_cache import ENGINES, default_context, kv_cache_per_layer
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
@@ -28,6 +47,142 @@ STRATEGIES: Final = ("auto", "balanced", "balanced_low_0", "sequential")
 
 AS_OPENED: Final = "as opened"
 """``dtype=`` of ``plan_opened_model`` meaning "the dtype ``opened`` was opened in"."""
+
+MODEL_DTYPE: Final = "model"
+KV_DTYPES: Final = (MODEL_DTYPE, "fp16", "bf16", "fp8", "int8")
+"""KV cache dtypes the memory model offers; ``"model"``: the dtype activations run in."""
+KV_ENGINES: Final = tuple(ENGINES)
+"""Whose MLA cache layout to count (``kv_cache.ENGINES``); other attention kinds ignore it."""
+DEFAULT_CONTEXT_CAP: Final = 32768
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """What the memory model plans for: the planner panel's controls, ``plan``'s flags.
+
+    Attributes:
+        batch: sequences generated together.
+        context: tokens each sequence's cache holds; ``None``: the model's
+            ``max_position_embeddings`` capped by ``context_cap`` (``kv_cache.default_context``).
+        kv_dtype: one of ``KV_DTYPES``.
+        engine: one of ``KV_ENGINES`` (MLA: transformers caches the latent, transformers-4
+            the expanded heads).
+        context_cap: the cap on the model's maximum context when ``context`` is ``None``.
+
+    Raises:
+        BadInputError: for a non-positive batch, context or cap, or an unknown dtype or engine.
+    """
+
+    batch: int = 1
+    context: int | None = None
+    kv_dtype: str = MODEL_DTYPE
+    engine: str = "transformers"
+    context_cap: int = DEFAULT_CONTEXT_CAP
+
+    def __post_init__(self) -> None:
+        bad = [
+            f"{name}={value}"
+            for name, value in (
+                ("batch", self.batch),
+                ("context", self.context),
+                ("context_cap", self.context_cap),
+            )
+            if value is not None and value < 1
+        ]
+        if bad:
+            raise BadInputError(f"memory options must be positive, got {', '.join(bad)}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise BadInputError(
+                f"unknown KV cache dtype {self.kv_dtype!r}; use one of {', '.join(KV_DTYPES)}"
+            )
+        if self.engine not in KV_ENGINES:
+            raise BadInputError(
+                f"unknown KV cache engine {self.engine!r}; use one of {', '.join(KV_ENGINES)}"
+            )
+
+
+def attention_layout(opened: OpenedModel) -> AttentionLayout:
+    """The decoder's layers as the memory model reads them from ``opened.config``, without
+    warning; ``layout.warnings`` name the config keys that were not understood.
+
+    Raises:
+        BadInputError: a config without layer count, width or heads (or no config).
+    """
+    if opened.config is None:
+        raise BadInputError(f"{opened.label} has no transformers config: no memory model")
+    return read_attention_layout(opened.config, warn=False)
+
+
+def planned_context(opened: OpenedModel, options: MemoryOptions) -> int:
+    """The context ``options`` plan for: its own, else the model's maximum capped."""
+    if options.context is not None:
+        return options.context
+    return default_context(attention_layout(opened), options.context_cap)
+
+
+def _activation_dtype(opened: OpenedModel) -> torch.dtype:
+    dtype = planning_dtype(opened)
+    if dtype is None or not dtype.is_floating_point:
+        dtype = opened.declared_dtype
+    return dtype if dtype is not None and dtype.is_floating_point else torch.float16
+
+
+def device_reserves(
+    opened: OpenedModel, device_map: Mapping[str, Any], options: MemoryOptions
+) -> dict[Any, DeviceReserve]:
+    """What each device must keep free to run ``device_map``: the one function the planner,
+    the lanes and ``workbench plan`` use.
+
+    Per device (layers mapped to cpu/disk run on the map's first accelerator, as dispatch
+    runs them): the KV cache of its layers at ``planned_context`` tokens in the KV dtype
+    (``model``: the weights' floating dtype, else fp16), plus the activation peak of a
+    prefill that fills the context (SDPA attention, logits of one position on the device of
+    the last layer). ``DeviceReserve.why`` says it in words.
+
+    Returns:
+        ``{device-map device: DeviceReserve}`` for each device that runs decoder layers.
+
+    Raises:
+        BadInputError: no config, or one the memory model cannot read; a map that leaves a
+            decoder layer on no device.
+    """
+    layout = attention_layout(opened)
+    dtype = _activation_dtype(opened)
+    return reserve_for_device_map(
+        layout,
+        device_map,
+        batch=options.batch,
+        context=planned_context(opened, options),
+        kv_dtype=None if options.kv_dtype == MODEL_DTYPE else options.kv_dtype,
+        model_dtype=dtype,
+        engine=options.engine,  # type: ignore[arg-type]
+    )
+
+
+def layer_cache_charges(opened: OpenedModel, options: MemoryOptions) -> dict[str, int]:
+    """Each decoder layer's KV cache by module name (``model.layers.3`` -> bytes): what the
+    planner places with the layer (``plan_device_map``'s ``charges``).
+
+    Raises:
+        BadInputError: as ``device_reserves``.
+    """
+    layout = attention_layout(opened)
+    layers = kv_cache_per_layer(
+        layout,
+        batch=options.batch,
+        context=planned_context(opened, options),
+        kv_dtype=None if options.kv_dtype == MODEL_DTYPE else options.kv_dtype,
+        model_dtype=_activation_dtype(opened),
+        engine=options.engine,  # type: ignore[arg-type]
+    )
+    names = layer_module_names((name for name, _ in opened.model.named_modules()), len(layers))
+    return {name: layers[index].nbytes for index, name in names.items()}
+
+
+def execution_reserve(opened: OpenedModel, options: MemoryOptions) -> int:
+    """The reserve of the device that runs every layer (a map ``{"": device}``)."""
+    (reserve,) = device_reserves(opened, {"": "cpu"}, options).values()
+    return reserve.nbytes
 
 
 def planning_dtype(opened: OpenedModel) -> torch.dtype | None:
@@ -61,20 +216,38 @@ def plan_opened_model(
     reserve: Mapping[int | str, int] | None = None,
     no_split: Iterable[str] | None = None,
     dtype: str | torch.dtype | None = AS_OPENED,
+    memory: MemoryOptions | None = None,
 ) -> PlanResult:
     """Plan ``opened`` for the budgets ``max_memory`` with the sizes its tree reports.
 
     Args:
         reserve: bytes kept free per device for activations (empty or ``None``: none).
+        memory: plan with the memory model: each device also keeps free what
+            ``device_reserves`` says the planned map needs there; each layer's cache is
+            placed with the layer (``layer_cache_charges``), the rest found as
+            ``plan_device_map``'s ``reserve_for_map`` fixed point. ``plan.reserve_why`` says
+            why per device. Config keys the memory model did not understand raise one
+            ``AttentionKindWarning``.
         no_split: module classes never split across devices; ``None``: the model's own.
         dtype: the dtype the planner counts weights in; ``AS_OPENED`` (the default): the one
             ``opened`` was opened in, or as stored; ``None``: the meta model's own.
 
     Raises:
-        BadInputError: an unknown strategy or bad budgets.
+        BadInputError: an unknown strategy or bad budgets; with ``memory``, a config the
+            memory model cannot read.
         MemoryBudgetError: the model does not fit the budgets.
     """
-    return plan_device_map(
+    reserve_for_map, charges = None, None
+    if memory is not None:
+        layout = attention_layout(opened)
+        for message in layout.warnings:
+            warnings.warn(message, AttentionKindWarning, stacklevel=2)
+        charges = layer_cache_charges(opened, memory)
+
+        def reserve_for_map(device_map: Mapping[str, Any]) -> dict[Any, int]:
+            return {d: r.nbytes for d, r in device_reserves(opened, device_map, memory).items()}
+
+    plan = plan_device_map(
         opened.model,
         max_memory=dict(max_memory),
         strategy=strategy,  # type: ignore[arg-type]
@@ -83,7 +256,13 @@ def plan_opened_model(
         reserve=dict(reserve) if reserve else None,
         # A what-if config has no stored sizes: the planner's lazy index is faster there.
         module_sizes=opened.module_sizes() if opened.has_weights else None,
+        reserve_for_map=reserve_for_map,
+        charges=charges,
     )
+    if memory is None:
+        return plan
+    why = {d: r.why for d, r in device_reserves(opened, plan.device_map, memory).items()}
+    return dataclasses.replace(plan, reserve_why=why)
 
 
 def activation_reserve(

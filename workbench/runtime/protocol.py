@@ -14,9 +14,12 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.big_modeling.transfers import TransferEvent
+
+if TYPE_CHECKING:  # its byte formatter imports torch: an idle worker must stay light
+    from workbench.runtime.memory_record import MemoryReconciliation
 
 # --------------------------------------------------------------------------------------------
 # Requests (host -> worker)
@@ -151,7 +154,8 @@ class LayerTiming:
 
 @dataclass(frozen=True)
 class LoadSummary:
-    """What a finished load reports."""
+    """What a finished load reports; ``memory``: predicted against measured bytes per device
+    (see ``workbench.runtime.memory_record``), ``None`` when not measured."""
 
     source: str
     model_class: str
@@ -162,6 +166,7 @@ class LoadSummary:
     is_causal_lm: bool
     has_tokenizer: bool
     chat_template: bool = False
+    memory: MemoryReconciliation | None = None
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,8 @@ class InferenceResult:
     ``prompt_text`` is the text the model was given (after the chat template), ``chat_template``
     says whether the template built it, ``stop_reason`` is ``"eos"`` (the end-of-turn token),
     ``"max_new_tokens"`` or ``"forward"`` (one forward, no generation), and ``sampling`` holds
-    the ``Sampling`` fields the run used.
+    the ``Sampling`` fields the run used. ``memory``: the run's peak bytes per device against
+    the weights plus the predicted KV cache and activations (``None`` when not measured).
     """
 
     text: str
@@ -190,6 +196,7 @@ class InferenceResult:
     stop_reason: str = ""
     sampling: dict[str, Any] = field(default_factory=dict)
     predicted_for: str = ""
+    memory: MemoryReconciliation | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +220,9 @@ class VerifyResult:
     greedy_matched: int = 0
     greedy_text: str = ""
     greedy_reference_text: str = ""
+    top1_positions: int = 0  # quantized loads: next-token predictions compared (0: not quantized)
+    top1_agreed: int = 0  # ... of which the argmax matched the full-precision reference's
+    mean_abs_diff: float = 0.0  # ... and the mean |logit difference|
 
     @property
     def greedy_identical(self) -> bool | None:

@@ -51,7 +51,8 @@ class SessionFileError(BadInputError):
 @dataclass(frozen=True)
 class SessionChange:
     """What changed: ``what`` is one of ``source``, ``opened``, ``device_map``, ``budgets``,
-    ``reserve``, ``profile``, ``planner_options``, ``dtype``, ``dirty``, ``restored``.
+    ``reserve``, ``profile``, ``planner_options``, ``dtype``, ``precision_map``, ``dirty``,
+    ``restored``.
     ``names`` lists the modules an ``assign`` touched; ``reason`` is the caller's text.
     """
 
@@ -73,6 +74,8 @@ class Session:
         reserve: bytes kept free on the execution device for activations.
         planner_options: free-form planner settings (e.g. ``{"strategy": "auto"}``).
         dtype: the dtype to load in (``"float16"``) or ``None`` for the checkpoint's.
+        precision_map: ``{module prefix: precision}`` (``"int4-g128"``, ``"int8"``...): the
+            precisions to load in (``runtime.precision_session``); ``{}``: the model's dtype.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class Session:
         planner_options: Mapping[str, Any] | None = None,
         dtype: str | None = None,
         profile: Any = None,
+        precision_map: Mapping[str, str] | None = None,
     ) -> None:
         self.source: str | None = source
         self.context: ModelContext | None = None  # everything derived from the opened model
@@ -94,6 +98,7 @@ class Session:
         self.reserve: int = int(reserve)
         self.planner_options: dict[str, Any] = dict(planner_options or {})
         self.dtype: str | None = dtype
+        self.precision_map: dict[str, str] = _check_precision_map(precision_map or {})
         self.profile: Any = profile  # workbench.models.HardwareProfile or None
         self.dirty: bool = False
         self.path: Path | None = None
@@ -262,6 +267,12 @@ class Session:
         self._changed("dtype", reason)
         return previous
 
+    def set_precision_map(self, precision_map: Mapping[str, str], *, reason: str = "") -> dict:
+        """Replace the precision map; return the previous one."""
+        previous, self.precision_map = self.precision_map, _check_precision_map(precision_map)
+        self._changed("precision_map", reason, names=sorted(set(previous) ^ set(precision_map)))
+        return dict(previous)
+
     def mark_clean(self) -> None:
         """Say the document matches what was opened or saved (``dirty`` means changed since).
 
@@ -295,6 +306,7 @@ class Session:
             "reserve": self.reserve,
             "planner_options": self.planner_options,
             "profile": _profile_to_json(self.profile),
+            "precision_map": dict(self.precision_map),
         }
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
@@ -345,6 +357,7 @@ class Session:
                 planner_options=data.get("planner_options") or {},
                 dtype=data.get("dtype"),
                 profile=_profile_from_json(data.get("profile")),
+                precision_map=data.get("precision_map") or {},
             )
         except (TypeError, ValueError) as exc:
             raise SessionFileError(f"{origin}: malformed session field: {exc}") from exc
@@ -379,6 +392,7 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "reserve": ((int,), "an integer"),
     "planner_options": ((dict,), "an object"),
     "profile": ((dict,), "an object"),
+    "precision_map": ((dict,), "an object"),
 }
 
 
@@ -399,6 +413,22 @@ def _check_field_types(data: Mapping[str, Any], origin: str) -> None:
                 f'{origin}: field "budgets" item {index} must be a [device, bytes] pair, '
                 f"got {pair!r:.60}"
             )
+
+
+def _check_precision_map(precision_map: Mapping[str, Any]) -> dict[str, str]:
+    if not isinstance(precision_map, Mapping):
+        raise SessionFileError(
+            f"a precision map must be an object, got {type(precision_map).__name__}"
+        )
+    wrong = sorted(
+        repr(k) for k, v in precision_map.items() if not (isinstance(k, str) and isinstance(v, str))
+    )
+    if wrong:
+        raise SessionFileError(
+            f"a precision map takes module names to precision names (strings); "
+            f"{len(wrong)} entries are not: {', '.join(wrong[:10])}"
+        )
+    return dict(precision_map)
 
 
 def _is_under(name: str, prefix: str) -> bool:

@@ -1,7 +1,8 @@
 """Compare planning strategies off the GUI thread: one ``Candidate`` per strategy.
 
 ``run_comparison`` plans every strategy of a ``PlanRequest`` (captured on the GUI thread) and
-predicts each plan's speed; warnings the planner raises while planning a strategy are kept with
+predicts each plan's speed; with ``precisions`` the joint planner adds a
+``precision+placement`` row (``runtime.precision_session.plan_joint``); warnings the planner raises while planning a strategy are kept with
 that strategy's candidate. No widgets here: the planner panel shows the candidates.
 """
 
@@ -16,6 +17,7 @@ from workbench.models.speed import predict_speed
 from workbench.runtime.engine import parse_dtype
 from workbench.runtime.load_check import check_load
 from workbench.runtime.planning import STRATEGIES, plan_opened_model
+from workbench.runtime.precision_session import JOINT_STRATEGY, plan_joint
 
 __all__ = ["STRATEGIES", "Candidate", "PlanRequest", "run_comparison"]
 
@@ -33,6 +35,7 @@ class Candidate:
     opened: Any = None  # the model re-sized in the planning dtype, when it differs from the tree's
     warnings: tuple[str, ...] = ()  # what the planner warned about while planning this one
     load_check: Any = None  # workbench.runtime.load_check.LoadCheck of the plan's map
+    joint: Any = None  # runtime.precision_session.JointOutcome of the precision+placement row
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class PlanRequest:
     no_split: list[str]
     strategies: tuple[str, ...]
     opened: Any  # the session's OpenedModel (re-sized when ``dtype`` differs)
+    memory: Any = None  # runtime.planning.MemoryOptions: each device's reserve from its layers
+    precisions: str = ""  # "int4,int8,bf16": also plan precision and placement together
+    min_bits: float | None = None  # the joint planner's least average bits
 
 
 def run_comparison(request: PlanRequest) -> list[Candidate]:
@@ -75,6 +81,7 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
                     no_split=request.no_split,
                     dtype=request.dtype,
                     reserve=request.reserve,
+                    memory=request.memory,
                 )
             except ValueError as exc:  # BadInputError / MemoryBudgetError: shown in the column
                 plan, error = None, str(exc)
@@ -101,4 +108,30 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
                 load_check=check,
             )
         )
+    if request.precisions:
+        candidates.append(joint_candidate(request, sized))
     return candidates
+
+
+def joint_candidate(request: PlanRequest, opened: Any) -> Candidate:
+    """The ``precision+placement`` row: the joint planner over ``request.precisions``."""
+    try:
+        outcome = plan_joint(
+            opened,
+            budgets=request.budgets,
+            profile=request.profile,
+            precisions=request.precisions,
+            min_bits=request.min_bits,
+            reserve=request.reserve,
+            memory=request.memory,
+        )
+    except ValueError as exc:  # BadInputError: no plan meets the constraints
+        return Candidate(JOINT_STRATEGY, error=str(exc))
+    check = check_load(opened, outcome.plan.device_map)
+    return Candidate(
+        JOINT_STRATEGY,
+        plan=outcome.plan,
+        prediction=outcome.prediction,
+        load_check=check,
+        joint=outcome,
+    )

@@ -28,6 +28,7 @@ from workbench.runtime.protocol import Event, Phase, Sampling, Verify, VerifyRes
 from workbench.runtime.sampling import TokenPicker
 from workbench.runtime.verify_compare import compare_outputs, forward_kwargs, model_dtype
 from workbench.runtime.verify_layers import run_verify_layers
+from workbench.runtime.verify_quantized import is_quantized_load, quantized_verify_result
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,18 @@ def compare_greedy(
 def run_verify(
     loaded: Any, request: Verify, token: CancelToken, emit: Callable[[Event], None]
 ) -> VerifyResult:
-    """Run ``request``: the dispatched model and the CPU reference on the same input ids."""
+    """Run ``request``: the dispatched model and the CPU reference on the same input ids.
+
+    A quantized load is compared with the full-precision model over the fixed prompt set
+    instead (top-1 agreement and logit gap; ``verify_quantized``), always with a full copy.
+    """
+    if is_quantized_load(loaded):
+        emit(Phase(request.request_id, "verify: quantized against full precision"))
+        reference = build_reference(loaded)
+        try:
+            return quantized_verify_result(loaded, reference, execution_device(loaded.device_map))
+        finally:
+            del reference
     mode = choose_mode(loaded, request.mode)
     if mode == "layers":
         return run_verify_layers(loaded, request, token, emit)

@@ -36,6 +36,8 @@ from workbench.runtime.protocol import (
 from workbench.runtime.telemetry import MemorySampler
 
 logger = logging.getLogger(__name__)
+IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
+"""Loggers that warn on import (when transformers imports torchao) about what a CPU cannot use."""
 
 
 class _Sender:
@@ -174,6 +176,8 @@ def worker_main(
     for source in forwarded:
         source.addHandler(forwarder)
         source.setLevel(forwarder.level)
+    for name in IMPORT_NOISE_LOGGERS:  # CUDA-only torchao kernels and enum deprecations on import
+        logging.getLogger(name).setLevel(logging.ERROR)
     sampler = MemorySampler(send, rate_hz=sample_hz)
     sampler.start()
     listener = _Listener(requests, send)

@@ -53,13 +53,18 @@ def _listing(names: list[str], limit: int = 20) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 def save_device_map(
-    path: str | Path, device_map: Mapping[str, DeviceValue], **metadata: Any
+    path: str | Path,
+    device_map: Mapping[str, DeviceValue],
+    *,
+    quantization: Mapping[str, Any] | None = None,
+    **metadata: Any,
 ) -> None:
     """Write ``device_map`` as JSON, atomically (temp file + rename).
 
     Without metadata the file is the plain ``{"module.name": device}`` map transformers and
     Accelerate read; with metadata (a model fingerprint: name, parameter count, dtype...) it is
-    ``{"format": "workbench-device-map", "version": 1, "model": metadata, "device_map": ...}``.
+    ``{"format": "workbench-device-map", "version": 1, "model": metadata, "device_map": ...}``,
+    plus ``"quantization": {...}`` (precision map, kept modules) when ``quantization`` is given.
 
     Raises:
         DeviceMapError: for values that are not devices.
@@ -80,6 +85,8 @@ def save_device_map(
             "model": metadata,
             "device_map": normalized,
         }
+        if quantization:
+            document["quantization"] = dict(quantization)
     try:
         text = json.dumps(document, indent=2)
     except (TypeError, ValueError) as error:

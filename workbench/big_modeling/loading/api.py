@@ -235,6 +235,7 @@ def load_checkpoint_and_dispatch(
     progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     mmap: bool = True,
+    precision_map: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """Load a checkpoint into ``model`` along ``device_map`` and attach the hooks that run it.
 
@@ -260,6 +261,10 @@ def load_checkpoint_and_dispatch(
         progress: Keyword-only progress callback (see ``load_checkpoint_in_model``).
         cancel: Keyword-only cancel token (see ``load_checkpoint_in_model``).
         mmap: Keyword-only; map CPU weights from the files (see ``load_checkpoint_in_model``).
+        precision_map: Keyword-only extra: ``{module name: precision}`` (``"int8"``,
+            ``"int4-g64"``, ``"bfloat16"``...); after loading, the covered ``nn.Linear`` layers
+            are quantized with torchao before dispatch, cpu ones in place and disk ones packed
+            once into the offload folder (see ``workbench.big_modeling.quantization.apply``).
 
     Returns:
         The model, dispatched when ``device_map`` is given.
@@ -302,6 +307,10 @@ def load_checkpoint_and_dispatch(
         cancel=cancel,
         mmap=mmap,
     )
+    if precision_map is not None:
+        from workbench.big_modeling.quantization.apply import quantize_model  # noqa: PLC0415 (torchao is heavy)
+
+        quantize_model(model, precision_map, offload_folder=offload_folder)
     if device_map is None:
         return model
     return dispatch_model(

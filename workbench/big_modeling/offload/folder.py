@@ -13,6 +13,10 @@ into an existing safetensors file, served memory-mapped by ``safe_open``::
     {"h.1.weight": {"dtype": "float16", "shape": [64, 64],
                     "safetensors_file": "/abs/model.safetensors", "weight_name": "h.1.weight"}}
 
+A quantized weight's entry carries a ``"torchao"`` record (class, attributes, and the index keys
+of its packed inner tensors, themselves pointer entries into a ``*.quantized-*.safetensors`` file
+of the folder); the loader rebuilds the torchao tensor on access (``quantization.packed``).
+
 Entries of raw files also name the commit that wrote them (``"generation"``, ignored by
 Accelerate's reader). The index is the commit point: data files are written first (under
 temporary names, renamed in place), the index last and atomically, so a failure (full disk,
@@ -503,6 +507,14 @@ class PrefixedDataset(Mapping[str, torch.Tensor]):
         return f"PrefixedDataset(prefix={self.prefix!r}, dataset={type(self.dataset).__name__})"
 
 
+def _read_packed(key: str, info: Mapping[str, Any], weights: OffloadedWeightsLoader) -> torch.Tensor:
+    """A quantized weight (``"torchao"`` entry) rebuilt from its packed inner entries."""
+    from workbench.big_modeling.quantization.packed import read_packed_entry  # noqa: PLC0415 (torchao is heavy)
+
+    where = f"offload index of {weights.save_folder}"
+    return read_packed_entry(key, info, weights, where=where)
+
+
 class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
     """A lazy ``Mapping`` over an in-memory state dict plus offloaded weights.
 
@@ -574,7 +586,9 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             return self.state_dict[key]
         info = self.index[key]
         file = info.get("safetensors_file")
-        if file is not None:
+        if "torchao" in info:  # a quantized weight: packed inner tensors, rebuilt per access
+            tensor = _read_packed(key, info, self)
+        elif file is not None:
             tensor = self._safetensors_handle(file).get_tensor(info.get("weight_name", key))
             dtype = _parse_dtype(info["dtype"], where=f"offload entry {key!r}")
             if list(tensor.shape) != list(info["shape"]):

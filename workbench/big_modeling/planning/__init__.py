@@ -11,14 +11,15 @@ Modules, lowest first (each imports only those above it in this list):
 - ``on_demand_index``: ``LazyModuleIndex``, the index the planner runs on, numbering modules
   only where the planner looks; ``build_planner_index`` picks it or the eager index.
 - ``largest_layer``: the largest layer still to place (a max segment tree).
+- ``charges``: bytes that travel with a module (a layer's KV cache) through the planner.
 - ``placement``: the greedy placement pass (``run_placement``).
 - ``planner``: the public API (``infer_auto_device_map``, ``get_balanced_memory``,
   ``plan_device_map``, ``PlanResult``, ``Placement``).
-- ``activation_reserve``: memory to keep free for activations and the KV cache.
 - ``attention_kinds``: each decoder layer's attention kind read from a transformers config.
 - ``kv_cache``: KV cache bytes per layer by attention kind (exact against transformers caches).
 - ``activation_peak``: prefill and decode activation peaks.
 - ``device_reserve``: ``reserve_per_device``, KV cache plus activations per device, with "why".
+- ``activation_reserve``: ``estimate_activation_reserve``, the one-device figure of that model.
 
 Import names from their module (or from ``workbench.big_modeling``); this package file is empty
 so that importing one module does not import the others.

@@ -1,8 +1,11 @@
-"""How much memory to keep free for activations and the KV cache, from a transformers config.
+"""How much memory one device keeps free to run the whole model: KV cache plus activation peak.
 
-A device map that merely holds the weights still runs out of memory at the first long prompt.
-``estimate_activation_reserve`` gives the bytes to pass as the planner's ``reserve`` for the
-device that runs the model, so a map that "fits" also runs.
+``estimate_activation_reserve`` is the one-device figure of the memory model
+(``device_reserve.reserve_per_device`` with every decoder layer on one device): the caches of
+all layers by attention kind (sliding windows, MLA, state-space layers, cross-attention; see
+``kv_cache``) plus the activation peak of one prefill (see ``activation_peak``). A plan with
+layers on several devices should use ``reserve_per_device``, which charges each device only
+for the layers it runs.
 """
 
 from __future__ import annotations
@@ -12,24 +15,10 @@ from typing import Any
 import torch
 
 from workbench.big_modeling.errors import BadInputError
-from workbench.big_modeling.planning.dtype_sizes import as_dtype, dtype_byte_size
+from workbench.big_modeling.planning.device_reserve import reserve_per_device
+from workbench.big_modeling.planning.kv_cache import layout_of
 
 __all__ = ["estimate_activation_reserve"]
-
-# Attribute spellings across transformers architectures (Llama / GPT-2 / BERT / Falcon ...).
-_LAYERS = ("num_hidden_layers", "n_layer", "num_layers")
-_HIDDEN = ("hidden_size", "n_embd", "d_model")
-_HEADS = ("num_attention_heads", "n_head", "num_heads")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
-_INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "d_ff")
-
-
-def _first(config: Any, names: tuple[str, ...]) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def estimate_activation_reserve(
@@ -38,23 +27,20 @@ def estimate_activation_reserve(
     seq_len: int,
     dtype: torch.dtype | str = torch.float16,
 ) -> int:
-    """Bytes to keep free on the execution device for a forward pass of ``seq_len`` tokens.
+    """Bytes to keep free on the one device that runs a forward pass of ``seq_len`` tokens.
 
-    The arithmetic (every factor read from the config; ``b`` = bytes per element of
-    ``dtype``)::
+    The arithmetic (``B`` batch, ``T`` = ``seq_len``, ``b`` bytes per element of ``dtype``;
+    the per-kind cache formulas are ``kv_cache``'s, the peak terms ``activation_peak``'s)::
 
-        kv_cache   = 2 (K and V) * layers * batch * seq_len * kv_heads * head_dim * b
-        largest    = max(
-            batch * seq_len * 2 * intermediate * b,    # gate and up projections of the MLP
-            batch * heads * seq_len * seq_len * b,     # eager attention scores (one layer)
-            batch * seq_len * vocab * 4,               # logits, upcast to float32
-        )
-        reserve    = kv_cache + largest
+        kv_cache   = sum over layers of the layer's cache at T tokens
+                     (full attention: B * T * kv_heads * (head_dim + v_head_dim) * b)
+        activation = residual (4 * B * T * hidden * b) + mask
+                     + max(attention, MLP (3 or 2) * B * T * intermediate * b,
+                           logits of the last position B * vocab * b)
+        reserve    = kv_cache + activation
 
-    ``kv_heads`` is ``num_key_value_heads`` when the model uses grouped-query attention, else
-    the number of heads; ``head_dim`` is ``config.head_dim`` or ``hidden / heads``;
-    ``intermediate`` defaults to ``4 * hidden``. It is an upper bound for a prefill with eager
-    attention; flash/SDPA attention needs less. Multimodal configs use their text config.
+    for a prefill of ``T`` tokens with SDPA attention (transformers' default), the cache in
+    ``dtype``. A multimodal config is read through its text config.
 
     Args:
         config: a transformers ``PretrainedConfig`` (or any object with those attributes).
@@ -73,40 +59,21 @@ def estimate_activation_reserve(
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
         ...                      num_key_value_heads=2, intermediate_size=128, vocab_size=100)
-        >>> # kv 2*2*1*8*2*16*2 = 2048 B; largest: max(1*8*2*128*2, 1*4*8*8*2, 1*8*100*4) = 4096 B
+        >>> # kv: 2 layers * 1 * 8 tokens * 2 kv heads * (16 + 16) * 2 B = 2048 B
+        >>> # activation: residual 4*8*64*2 = 4096 + MLP 3*8*128*2 = 6144 -> 10240 B
         >>> estimate_activation_reserve(config, batch_size=1, seq_len=8)
-        6144
+        12288
     """
     if batch_size <= 0 or seq_len <= 0:
         raise BadInputError(
             f"batch_size and seq_len must be positive, got batch_size={batch_size}, seq_len={seq_len}"
         )
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = _first(text_config, _LAYERS)
-    hidden = _first(text_config, _HIDDEN)
-    heads = _first(text_config, _HEADS)
-    missing = [
-        label
-        for label, value in (("layer count", layers), ("hidden size", hidden), ("heads", heads))
-        if value is None
-    ]
-    if missing:
-        raise BadInputError(
-            f"{type(config).__name__} has no {', '.join(missing)} "
-            f"(looked for {', '.join(_LAYERS + _HIDDEN + _HEADS)}); pass a transformers "
-            "config of a decoder or encoder model"
-        )
-    kv_heads = _first(text_config, _KV_HEADS) or heads
-    head_dim = _first(text_config, ("head_dim",)) or hidden // heads
-    intermediate = _first(text_config, _INTERMEDIATE) or 4 * hidden
-    vocab = _first(text_config, ("vocab_size",)) or 0
-    nbytes = dtype_byte_size(as_dtype(dtype))
-
-    tokens = batch_size * seq_len
-    kv_cache = 2 * layers * tokens * kv_heads * head_dim * nbytes
-    largest = max(
-        tokens * 2 * intermediate * nbytes,
-        batch_size * heads * seq_len * seq_len * nbytes,
-        tokens * vocab * 4,
-    )
-    return int(kv_cache + largest)
+    layout = layout_of(config)
+    (reserve,) = reserve_per_device(
+        layout,
+        ["cpu"] * len(layout.layers),
+        batch=batch_size,
+        context=seq_len,
+        model_dtype=dtype,
+    ).values()
+    return int(reserve.nbytes)

@@ -20,12 +20,13 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from workbench.big_modeling.devices import Device, normalize_device
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.planning.activation_peak import (
     AttentionImplementation,
@@ -43,7 +44,14 @@ from workbench.big_modeling.planning.kv_cache import (
 )
 from workbench.big_modeling.planning.sizes import format_nbytes
 
-__all__ = ["DeviceReserve", "layer_devices_from_map", "reserve_per_device"]
+__all__ = [
+    "DeviceReserve",
+    "layer_devices_from_map",
+    "layer_module_names",
+    "main_execution_device",
+    "reserve_for_device_map",
+    "reserve_per_device",
+]
 
 # ``model.layers.3``, ``transformer.h.3``, ``decoder.block.3``, ``backbone.layers.3``...
 _LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)(?:\.|$)")
@@ -136,6 +144,33 @@ def layer_devices_from_map(device_map: Mapping[str, object], layer_count: int) -
             raise BadInputError(f"the device map places no device for decoder layer {index}")
         devices.append(device)
     return devices
+
+
+_LAYER_MODULE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)$")
+
+
+def layer_module_names(module_names: Iterable[str], layer_count: int) -> dict[int, str]:
+    """The module of each decoder layer, by the names ``layer_devices_from_map`` reads.
+
+    ``model.layers.3``, ``transformer.h.3``, ``decoder.block.3``: the shortest module name
+    ending in a layer list and the layer's index (only ``decoder`` ones in an
+    encoder-decoder model). Layers no name matches are left out.
+
+    Example:
+        >>> layer_module_names(["", "model", "model.layers", "model.layers.0",
+        ...                     "model.layers.0.mlp", "model.layers.1", "lm_head"], 2)
+        {0: 'model.layers.0', 1: 'model.layers.1'}
+    """
+    names = [name for name in module_names if _LAYER_MODULE.search(name)]
+    if any(".decoder." in f".{name}." or name.startswith("decoder") for name in names):
+        names = [name for name in names if "decoder" in name]
+    found: dict[int, str] = {}
+    for name in sorted(names, key=len):
+        match = _LAYER_MODULE.search(name)
+        index = int(match.group(1)) if match else -1
+        if 0 <= index < layer_count:
+            found.setdefault(index, name)
+    return dict(sorted(found.items()))
 
 
 def _ranges(indices: Sequence[int]) -> str:
@@ -262,3 +297,66 @@ def _kinds(layers: Sequence[LayerKV]) -> str:
     if len(counts) == 1:
         return next(iter(counts))
     return ", ".join(f"{n} x {label}" for label, n in counts.items())
+
+
+def main_execution_device(device_map: Mapping[str, object]) -> Device:
+    """Where ``dispatch_model`` runs the ``"cpu"`` / ``"disk"`` blocks of ``device_map``.
+
+    The first device of the map that is neither ``"cpu"`` nor ``"disk"`` (its weights come
+    there for each forward, so the cache of an offloaded layer lives there too); ``"cpu"``
+    when the map names only those (the CPU then runs the disk blocks).
+
+    Example:
+        >>> main_execution_device({"embed": "cpu", "layers.0": 1, "layers.1": 0})
+        1
+    """
+    devices = [normalize_device(device) for device in device_map.values()]  # type: ignore[arg-type]
+    accelerators = [device for device in devices if device not in ("cpu", "disk", "meta")]
+    return accelerators[0] if accelerators else "cpu"
+
+
+def reserve_for_device_map(
+    config: Any, device_map: Mapping[str, object], **options: Any
+) -> dict[Device, DeviceReserve]:
+    """``reserve_per_device`` for a device map as dispatch executes it, keyed like the map.
+
+    Layers mapped to ``"cpu"`` or ``"disk"`` run on ``main_execution_device(device_map)``
+    (dispatch brings their weights there), so their KV cache and activations are charged to
+    it, not to the CPU or the disk. Keys are device-map values (``0``, ``"cpu"``), the
+    planner's budgets' spelling.
+
+    Args:
+        config: a transformers config or an ``AttentionLayout``.
+        device_map: module name -> device.
+        options: ``batch``, ``context``, ``kv_dtype``, ``model_dtype``, ``engine``,
+            ``attention``, ``context_cap``, ``prompt_tokens`` of ``reserve_per_device``.
+
+    Returns:
+        ``{device: DeviceReserve}`` for each device that runs decoder layers.
+
+    Raises:
+        BadInputError: as ``reserve_per_device``.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+        ...                      num_key_value_heads=2, vocab_size=100)
+        >>> reserve = reserve_for_device_map(
+        ...     config, {"model.layers.0": 0, "model.layers.1": "cpu"}, context=8, kv_dtype="fp16")
+        >>> list(reserve), reserve[0].layers  # layer 1 is offloaded: it runs on GPU 0
+        ([0], (0, 1))
+    """
+    runner = main_execution_device(device_map)
+    reserves = reserve_per_device(config, device_map, offload_execution_device=runner, **options)
+    layout = layout_of(config)
+    mapped = layer_devices_from_map(device_map, len(layout.layers))
+    runner_name = _device_name(runner)
+    offloaded = [i for i, d in enumerate(mapped) if d in _OFFLOAD and d != runner_name]
+    result = {normalize_device(name): reserve for name, reserve in reserves.items()}
+    if offloaded and runner in result:
+        kinds = "/".join(sorted({mapped[i] for i in offloaded}))
+        note = f" ({_ranges(offloaded)} offloaded to {kinds}, run here)"
+        reserve = result[runner]
+        why = reserve.why.replace(" need ", note + " need ", 1)
+        result[runner] = replace(reserve, why=why)
+    return result

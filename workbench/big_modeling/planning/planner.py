@@ -10,10 +10,11 @@ Only ``max_memory=None`` looks at real hardware, through ``get_max_memory``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -21,7 +22,8 @@ from torch import nn
 
 from workbench.big_modeling.device_map.value import clean_device_map
 from workbench.big_modeling.devices import Device, DeviceValue, device_label, normalize_device
-from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.errors import BadInputError, MemoryBudgetError
+from workbench.big_modeling.planning.charges import apply_charges, charge_within, charged_by_device
 from workbench.big_modeling.planning.module_index import ModuleIndex
 from workbench.big_modeling.planning.on_demand_index import build_planner_index
 from workbench.big_modeling.planning.placement import run_placement
@@ -40,6 +42,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+ReserveForMap = Callable[[Mapping[str, Device]], Mapping[Device, int]]
+"""A device map -> the bytes each device must keep free to run it (KV cache, activations)."""
+
+MAX_RESERVE_ROUNDS = 16
 
 Strategy = Literal["auto", "balanced", "balanced_low_0", "sequential"]
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -61,11 +68,18 @@ class Placement:
 
 @dataclass(frozen=True)
 class PlanResult:
-    """A device map with its per-device totals and the reasons behind it."""
+    """A device map with its per-device totals and the reasons behind it.
+
+    ``reserve`` is the bytes kept free per device (the fixed ``reserve`` plus, with
+    ``reserve_for_map``, what the final map needs); ``reserve_why`` says why in words, per
+    device, when the caller's memory model gives reasons (``workbench.runtime.planning``).
+    """
 
     device_map: dict[str, Device]
     per_device_bytes: dict[Device, int]
     trace: list[Placement]
+    reserve: dict[Device, int] = field(default_factory=dict)
+    reserve_why: dict[Device, str] = field(default_factory=dict)
 
 
 def infer_auto_device_map(
@@ -122,7 +136,7 @@ def infer_auto_device_map(
         >>> infer_auto_device_map(model, max_memory={0: 180, "cpu": 1000})
         {'0': 0, '1': 'cpu', '2': 'cpu'}
     """
-    plan = _plan(
+    plan, _ = _plan(
         model,
         max_memory=max_memory,
         strategy="sequential",
@@ -154,6 +168,8 @@ def plan_device_map(
     offload_buffers: bool = False,
     fallback_allocation: bool = False,
     module_sizes: Mapping[str, int] | None = None,
+    reserve_for_map: ReserveForMap | None = None,
+    charges: Mapping[str, int] | None = None,
 ) -> PlanResult:
     """Plan a device map and say why: totals per device and one reason per decision.
 
@@ -161,6 +177,32 @@ def plan_device_map(
     and ``"balanced"`` spread layers evenly over the GPUs (``get_balanced_memory``),
     ``"balanced_low_0"`` keeps GPU 0 as empty as it can (for generation), ``"sequential"``
     fills GPU 0, then GPU 1, ... Other arguments as in ``infer_auto_device_map``.
+
+    ``reserve_for_map`` (a device map -> bytes per device, e.g. the KV cache of the layers each
+    device runs plus their activation peak) makes the reserve depend on the map, and
+    ``charges`` (module name -> bytes, e.g. each decoder layer's KV cache) is the part of it
+    that travels with a module: it is added to the module's size, so the greedy pass places a
+    layer's cache with the layer and a GPU takes as many layers as fit *with* their caches.
+    What remains (the activation peak; the caches of CPU/disk-offloaded layers, which live on
+    the GPU that runs them, a device the pass has already left) depends on the map, and the
+    map on it, so the plan is a fixed point, found by raising reserves only::
+
+        extra_0 = {}
+        map_k   = plan(budgets - reserve - extra_k, sizes + charges)
+        rest_k  = reserve_for_map(map_k) - the charges the pass put on each device
+        stop when rest_k[d] <= extra_k[d] on every device d, else
+        extra_k+1[d] = max(extra_k[d], rest_k[d])
+
+    The result is exact in this sense: every device holds its weights plus what
+    ``reserve_for_map`` says *the returned map* needs there, within its budget (checked, not
+    assumed). ``per_device_bytes`` stay weights (charges taken out) and ``reserve`` is
+    ``reserve`` plus ``reserve_for_map(device_map)``. Reserves only grow, so the loop ends;
+    it is cut at ``MAX_RESERVE_ROUNDS`` rounds with a ``MemoryBudgetError``. The offloaded
+    layers' caches grow with the reserve on the main GPU (fewer layers stay there), so raising
+    is the right direction; a device that ran layers in an earlier round keeps its
+    activation reserve. Charges of modules on the CPU or disk count against those devices
+    too (conservative: their caches live on the GPU). Reserves for devices without a budget
+    (an unlimited disk) are dropped.
 
     Returns:
         ``PlanResult(device_map, per_device_bytes, trace)``; ``trace`` holds a ``Placement``
@@ -174,21 +216,90 @@ def plan_device_map(
         >>> model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])  # 80 B each
         >>> plan_device_map(model, max_memory={0: 1000, 1: 1000}, strategy="balanced").device_map
         {'0': 0, '1': 0, '2': 1, '3': 1}
+        >>> # 40 B of cache per layer on GPU 0. Round 1: 250 - 80 (kept for an offloaded
+        >>> # layer) = 170 B holds 2 layers, which need 80 B; round 2: 250 - 80 - 80 = 90 B
+        >>> # holds 1 layer, which needs 40 B <= 80 B: done (2 layers would need 320 B)
+        >>> def cache(device_map):
+        ...     return {0: 40 * sum(1 for d in device_map.values() if d == 0)}
+        >>> plan = plan_device_map(model, max_memory={0: 250, "cpu": 1000},
+        ...                        strategy="sequential", reserve_for_map=cache)
+        >>> plan.device_map, plan.reserve
+        ({'0': 0, '1': 'cpu', '2': 'cpu', '3': 'cpu'}, {0: 40})
     """
-    return _plan(
-        model,
-        max_memory=max_memory,
-        strategy=strategy,
-        no_split_module_classes=no_split_module_classes,
-        dtype=dtype,
-        special_dtypes=special_dtypes,
-        reserve=reserve,
-        offload_buffers=offload_buffers,
-        fallback_allocation=fallback_allocation,
-        clean_result=True,
-        explain=True,
-        module_sizes=module_sizes,
+
+    def plan_with(extra: Mapping[Device, int]) -> tuple[PlanResult, dict[Device, int]]:
+        fixed = _reserve_bytes(reserve)
+        total = {d: fixed.get(d, 0) + extra.get(d, 0) for d in {*fixed, *extra}}
+        result, counted = _plan(
+            model,
+            max_memory=max_memory,
+            strategy=strategy,
+            no_split_module_classes=no_split_module_classes,
+            dtype=dtype,
+            special_dtypes=special_dtypes,
+            reserve={d: n for d, n in total.items() if n} or None,
+            offload_buffers=offload_buffers,
+            fallback_allocation=fallback_allocation,
+            clean_result=True,
+            explain=True,
+            module_sizes=module_sizes,
+            charges=charges,
+        )
+        kept = {d: n for d, n in total.items() if n}
+        plan = PlanResult(result.device_map, result.per_device_bytes, result.trace, kept)
+        return plan, counted
+
+    if reserve_for_map is None:
+        return plan_with({})[0]
+    budgeted = set(get_max_memory(max_memory))
+    extra: dict[Device, int] = {}
+    for _ in range(MAX_RESERVE_ROUNDS):
+        with warnings.catch_warnings(record=True) as caught:  # only the final round's count
+            warnings.simplefilter("always")
+            plan, counted = plan_with(extra)
+        need = {
+            normalize_device(d): int(n)
+            for d, n in reserve_for_map(plan.device_map).items()
+            if normalize_device(d) in budgeted
+        }
+        rest = {d: n - counted.get(d, 0) for d, n in need.items()}
+        if all(n <= extra.get(d, 0) for d, n in rest.items()):
+            for warning in caught:
+                warnings.warn(warning.message, warning.category, stacklevel=2)
+            fixed = _reserve_bytes(reserve)
+            kept = {d: fixed.get(d, 0) + need.get(d, 0) for d in {*fixed, *need}}
+            _check_reserves_fit(plan, kept, get_max_memory(max_memory))
+            return dataclasses.replace(plan, reserve={d: n for d, n in kept.items() if n})
+        extra = {d: max(extra.get(d, 0), rest.get(d, 0)) for d in {*extra, *rest}}
+    raise MemoryBudgetError(
+        f"no map holds its own reserve after {MAX_RESERVE_ROUNDS} rounds (last reserve: "
+        + ", ".join(f"{device_label(d)}={format_nbytes(n)}" for d, n in extra.items())
+        + "); give the devices more memory or plan for a shorter context"
     )
+
+
+def _check_reserves_fit(
+    plan: PlanResult, reserves: Mapping[Device, int], budgets: Mapping[Device, int]
+) -> None:
+    """Refuse a converged plan whose reserve does not fit beside the weights on some device.
+
+    The fixed point can settle on a device that holds no weights but must run the offloaded
+    layers (the CPU for an all-disk map) with a reserve larger than its whole budget.
+    """
+    over = []
+    for device, nbytes in reserves.items():
+        budget = budgets.get(device)
+        weights = plan.per_device_bytes.get(device, 0)
+        if budget is not None and nbytes and weights + nbytes > budget:
+            over.append(
+                f"{device_label(device)} needs {format_nbytes(weights)} of weights + "
+                f"{format_nbytes(nbytes)} of reserve, over its {format_nbytes(budget)} budget"
+            )
+    if over:
+        raise MemoryBudgetError(
+            "no map fits: " + "; ".join(over) + "; give the devices more memory or plan for a "
+            "shorter context"
+        )
 
 
 def get_balanced_memory(
@@ -278,17 +389,23 @@ def _plan(
     clean_result: bool,
     explain: bool,
     module_sizes: Mapping[str, int] | None,
-) -> PlanResult:
+    charges: Mapping[str, int] | None = None,
+) -> tuple[PlanResult, dict[Device, int]]:
+    """One placement; returns the plan (weights only per device) and the bytes of
+    ``charges`` each device received with its modules."""
     if strategy not in STRATEGIES:
         raise BadInputError(
             f"unknown planning strategy {strategy!r}; use one of {', '.join(STRATEGIES)}"
         )
     no_split = _no_split_set(no_split_module_classes)
-    if module_sizes is None:
+    if module_sizes is None and not charges:
         index = build_planner_index(model, dtype, special_dtypes, no_split)
-    else:  # sizes overridden by name: every module must be numbered
+    else:  # sizes overridden or charged by name: every module must be numbered
         index = ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes)
-        _override_sizes(index, module_sizes)
+        if module_sizes is not None:
+            _override_sizes(index, module_sizes)
+        if charges:
+            apply_charges(index, charges)
     budgets = get_max_memory(max_memory)
     reserves = _reserve_bytes(reserve)
     unknown = sorted(map(str, set(reserves) - set(budgets) - {"disk"}))
@@ -323,12 +440,21 @@ def _plan(
         }
         _warn_offloaded_buffers(outcome.offloaded_buffer_nbytes, capacities, held)
     _log_unfilled_devices(outcome.unfilled_nbytes)
-    per_device = {device: nbytes for device, nbytes in outcome.used_nbytes.items() if nbytes}
-    trace = [
-        Placement(record.name, record.device, record.nbytes, record.reason)
-        for record in outcome.records
-    ]
-    return PlanResult(device_map=device_map, per_device_bytes=per_device, trace=trace)
+    charges = charges or {}
+    counted = charged_by_device(outcome.assignments, charges) if charges else {}
+    per_device = {
+        device: nbytes - counted.get(device, 0)
+        for device, nbytes in outcome.used_nbytes.items()
+        if nbytes - counted.get(device, 0)
+    }
+    trace = []
+    for record in outcome.records:
+        charge = charge_within(record.name, charges) if charges else 0
+        reason = record.reason
+        if charge:
+            reason += f" ({format_nbytes(charge)} of the size needed is KV cache)"
+        trace.append(Placement(record.name, record.device, record.nbytes - charge, reason))
+    return PlanResult(device_map=device_map, per_device_bytes=per_device, trace=trace), counted
 
 
 def _override_sizes(index: ModuleIndex, module_sizes: Mapping[str, int]) -> None:

@@ -58,7 +58,34 @@ _X_MARGIN = 0.02  # the x range starts this fraction of its span left of the fir
 _TAIL_PX = 256.0  # a tail wider than this folds into its body (a full redraw)
 _X_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)  # finer than y: little blank time on the right
 _REFERENCE_SERIES = ("system available",)  # context, not what the worker holds
+_LEGEND_ROW_PX = 18  # one row of legend entries above the plot
+_LEGEND_COLUMNS = 3  # entries per legend row ("worker file-backed (…)" is the widest)
 OFF_SCALE_FACTOR = 3.0  # a reference line up to 3x the worker's peak is fitted; higher, marked
+
+
+def _legend_above_view(item: pg.PlotItem) -> pg.LegendItem:
+    """One legend row in the plot's (unused) title row, above the view box: a legend inside
+    the view would pale every line under it (the newest samples, on the right)."""
+    legend = pg.LegendItem(
+        labelTextSize="8pt",
+        colCount=_LEGEND_COLUMNS,
+        horSpacing=12,
+        brush=pg.mkBrush(255, 255, 255, 0),
+    )
+    legend.layout.setContentsMargins(2, 0, 2, 0)
+    item.legend = legend  # curves plotted with a name join it, as with addLegend
+    item.layout.removeItem(item.titleLabel)  # the plot has no title: its cell is free
+    item.titleLabel.setVisible(False)
+    item.layout.addItem(legend, 0, 1)
+    _fit_legend_rows(item, 1)
+    return legend
+
+
+def _fit_legend_rows(item: pg.PlotItem, entries: int) -> None:
+    """Make the legend's row of the plot as tall as its ``entries`` need."""
+    rows = max(1, math.ceil(entries / _LEGEND_COLUMNS))
+    item.legend.setMaximumHeight(rows * _LEGEND_ROW_PX)
+    item.layout.setRowFixedHeight(0, rows * _LEGEND_ROW_PX)
 
 
 class SampleRing:
@@ -145,7 +172,7 @@ class MemoryPlot(QWidget):
         item.showGrid(x=True, y=True, alpha=0.25)
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
-        item.addLegend(offset=(-10, 10), labelTextSize="8pt", brush=pg.mkBrush(255, 255, 255, 200))
+        self.legend = _legend_above_view(item)
         # ranges move in steps, not with every sample, so the cached axes are rarely redrawn
         item.disableAutoRange()
         self._x_min = 0.0
@@ -530,6 +557,7 @@ class MemoryPlot(QWidget):
         tail = pg.PlotCurveItem(pen=pen)
         self.plot_widget.getPlotItem().addItem(tail, ignoreBounds=True)
         self._curves[name], self._tails[name] = curve, tail
+        _fit_legend_rows(self.plot_widget.getPlotItem(), len(self._curves))
         curve.visibleChanged.connect(lambda: self._on_curve_visible_changed(name))
         return curve
 

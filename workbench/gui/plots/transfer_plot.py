@@ -18,6 +18,7 @@ a timer tick redraws only the parts whose data changed.
 from __future__ import annotations
 
 import csv
+import html
 import io
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -26,8 +27,15 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, QTimer
-from PySide6.QtGui import QCursor
-from PySide6.QtWidgets import QGraphicsItem, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtGui import QCursor, QFontMetrics
+from PySide6.QtWidgets import (
+    QGraphicsItem,
+    QLabel,
+    QSizePolicy,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
 
 from workbench.gui.plots import (
     LayerTiming,
@@ -48,6 +56,8 @@ _OVERLAP_MARGIN = 0.9  # a transfer under 90% of its time at peak counts as over
 MIN_PLOT_HEIGHT = 150  # px of plots below the buttons: the bars stay readable in a low dock
 _LEGEND_ROW_PX = 22
 _TITLE_PX = 18
+_TITLE_MIN_PX = 40
+_COLORBAR_AXIS_PX = 150  # the colour bar's length its tick labels are chosen for
 
 
 def _tier(source: str) -> str:
@@ -96,10 +106,13 @@ class TransferPlot(QWidget):
         self.legend.setParentItem(None)
         self.legend.layout.setContentsMargins(2, 0, 2, 0)
         self.legend.setMaximumHeight(_LEGEND_ROW_PX)
-        self.graphics.addItem(self.legend, row=0, col=0, colspan=2)
+        # across all three plots: its width ("predicted for this machine") is shared by all,
+        # so it never pushes the heatmap's colour scale past the right edge
+        self.graphics.addItem(self.legend, row=0, col=0, colspan=3)
         self.bar_plot = self.graphics.addPlot(row=1, col=0)
-        _compact_title(self.bar_plot, "Last forward: time per layer (x: layer index)")
+        _compact_title(self.bar_plot, "Last forward: time per layer")
         self.bar_plot.setLabel("left", "time (ms)")
+        self.bar_plot.setLabel("bottom", "layer index")
         self.bar_plot.getAxis("left").enableAutoSIPrefix(False)  # ms stay ms: no "(x0.001)"
         self.bar_plot.showGrid(y=True, alpha=0.25)
         self.compute_bars = pg.BarGraphItem(
@@ -137,15 +150,15 @@ class TransferPlot(QWidget):
         ):
             self.legend.addItem(sample, sample.name())
         self.bw_plot = self.graphics.addPlot(row=1, col=1)
-        _compact_title(self.bw_plot, "Achieved bandwidth vs link peak")
+        _compact_title(self.bw_plot, "Bandwidth vs link peak")
         self.bw_plot.setLabel("left", "GB/s")
         self.bw_plot.setLabel("bottom", "layer index")
         self.bw_plot.showGrid(y=True, alpha=0.25)
         self.bw_plot.setXLink(self.bar_plot)
         self.bw_points = pg.ScatterPlotItem(size=7, pen=None)
         self.bw_plot.addItem(self.bw_points)
-        self.heat_plot = self.graphics.addPlot(row=0, col=2, rowspan=2)
-        _compact_title(self.heat_plot, "Time per layer by forward step")
+        self.heat_plot = self.graphics.addPlot(row=1, col=2)
+        _compact_title(self.heat_plot, "Time per layer and step")
         self.heat_plot.setLabel("bottom", "forward step")
         self.heat_plot.setLabel("left", "layer index")
         self.heat_image = pg.ImageItem(axisOrder="col-major")
@@ -160,6 +173,8 @@ class TransferPlot(QWidget):
             colorMapMenu=False,
         )
         self.heat_colorbar.setImageItem(self.heat_image, insert_in=self.heat_plot)
+        self._colorbar_axis_px = 0  # the colour bar axis's width; grows with its labels
+        self._fit_colorbar_axis()
         layout = self.graphics.ci.layout
         for column, stretch in enumerate((3, 2, 3)):
             layout.setColumnStretchFactor(column, stretch)
@@ -172,6 +187,12 @@ class TransferPlot(QWidget):
         self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
 
         self.controls = PlotControls(self, self)
+        self.model_note = QLabel("", self.controls)
+        self.model_note.setObjectName("transferModelNote")
+        # a long model name must not widen the dock: the note takes the room left of the buttons
+        self.model_note.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.controls.layout().addWidget(self.model_note, 1)
+        self.model_note.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.controls)
@@ -223,6 +244,13 @@ class TransferPlot(QWidget):
             self.bw_plot.addItem(line)
             self._peak_lines.append(line)
         self._mark_stale("bars")
+
+    def set_model_note(self, text: str) -> None:
+        """Say whose forwards the plot shows when that is not the model on screen ("" hides
+        the note)."""
+        self.model_note.setText(f"<b>{html.escape(text)}</b>" if text else "")
+        self.model_note.setToolTip(text)
+        self.model_note.setVisible(bool(text))
 
     @property
     def prediction(self) -> dict[str, float]:
@@ -519,6 +547,24 @@ class TransferPlot(QWidget):
         levels = (0.0, max(float(data.max()), 1e-6))
         self.heat_image.setImage(data, autoLevels=False, levels=levels)
         self.heat_colorbar.setLevels(levels)  # the bar sets the image's levels too
+        self._fit_colorbar_axis()
+
+    def _fit_colorbar_axis(self) -> None:
+        """Make the colour bar's axis wide enough for its widest tick label (pyqtgraph's
+        fixed width cuts "30" to "3(")."""
+        axis = self.heat_colorbar.getAxis("right")
+        low, high = self.heat_colorbar.levels()
+        labels = [
+            label
+            for spacing, values in axis.tickValues(low, high, _COLORBAR_AXIS_PX)
+            for label in axis.tickStrings(values, 1.0, spacing)
+        ]
+        font = axis.style.get("tickFont") or self.font()
+        widest = max((QFontMetrics(font).horizontalAdvance(t) for t in labels), default=0)
+        needed = widest + max(axis.style["tickLength"], 0) + axis.style["tickTextOffset"][0] + 6
+        if needed > self._colorbar_axis_px:
+            self._colorbar_axis_px = needed
+            axis.setWidth(needed)
 
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
         text = ""
@@ -541,6 +587,9 @@ def _compact_title(plot: pg.PlotItem, text: str) -> None:
     """A small one-line title: pyqtgraph's default takes 30 px a low dock cannot spare."""
     plot.setTitle(text, size="9pt")
     plot.titleLabel.setMaximumHeight(_TITLE_PX)
+    # a title wider than its plot is cut, rather than pushing the layout (and the heatmap's
+    # colour scale) past the widget's right edge
+    plot.titleLabel.setMinimumWidth(_TITLE_MIN_PX)
     plot.layout.setRowFixedHeight(0, _TITLE_PX)
 
 

@@ -1,0 +1,130 @@
+"""What fits where: every hardware profile by context length, checked by hand for a few cells
+of the bundled Llama 3.1 8B config (issue 21)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench.models.hardware import DeviceSpec, HardwareProfile, load_profile
+from workbench.models.intake import open_model
+from workbench.runtime.fit_table import (
+    CPU_ONLY,
+    FULL_GPU,
+    NO_FIT,
+    PARTIAL,
+    context_label,
+    fit_cell,
+    fit_contexts,
+    fit_table,
+)
+
+GIB = 2**30
+PARAMS_8B = 8_030_261_248  # Llama 3.1 8B: the published parameter count
+WEIGHTS_8B = 2 * PARAMS_8B  # bf16: 16,060,522,496 B
+BUFFERS_8B = 2 * 64 * 4  # rotary inv_freq and original_inv_freq: 64 fp32 each = 512 B
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return open_model("llama-3.1-8b")
+
+
+def test_contexts_stop_at_the_model_maximum(llama8b) -> None:
+    # max_position_embeddings 131072 = 128k: the maximum is one of the fixed columns
+    assert fit_contexts(llama8b) == (4096, 32768, 131072)
+    # GPT-2 supports 1024 positions: none of 4k/32k/128k, only its maximum
+    assert fit_contexts(open_model("gpt2")) == (1024,)
+    assert [context_label(c) for c in (1024, 4096, 131072, 1000)] == ["1k", "4k", "128k", "1000"]
+
+
+def test_h200_at_4k_is_full_gpu_with_hand_checked_speed(llama8b) -> None:
+    assert llama8b.tree.root.param_count == PARAMS_8B
+    assert llama8b.tree.root.nbytes == WEIGHTS_8B + BUFFERS_8B
+    cell = fit_cell(llama8b, load_profile("h200-141gb"), 4096)
+    assert cell.status == FULL_GPU and cell.label() == "full GPU"
+    assert cell.gpu_layers == cell.layer_count == 32
+    assert set(cell.device_map.values()) == {0}
+    # KV cache: 32 layers x 4096 tokens x 8 KV heads x (128 K + 128 V) x 2 B = 512 MiB
+    kv_nbytes = 32 * 4096 * 8 * (128 + 128) * 2
+    assert kv_nbytes == 512 * 2**20
+    assert "512 MiB of KV cache at 4k context, bf16, GQA 8 of 32 heads" in cell.why[0]
+    assert cell.reserve[0] > kv_nbytes  # plus the activation peak
+    # decode at batch 1 is memory-bound in every layer: one step reads all weights at
+    # 4800 GB/s x 0.8 (mbu) -> 16,060,523,008 B / 3.84e12 B/s = 4.18 ms -> 239 tok/s
+    decode_s = (WEIGHTS_8B + BUFFERS_8B) / (4800e9 * 0.8)
+    assert cell.tokens_per_s == pytest.approx(1 / decode_s, rel=1e-9)
+    # the 4096-token prefill is compute-bound in every layer: 2 x N x 4096 FLOP at
+    # 989 TFLOP/s x 0.5 (mfu) = 0.133 s, plus one decode step
+    prefill_s = 2 * PARAMS_8B * 4096 / (989e12 * 0.5)
+    assert cell.ttft_s == pytest.approx(prefill_s + decode_s, rel=1e-9)
+
+
+def test_the_laptop_cannot_hold_a_128k_cache(llama8b) -> None:
+    cell = fit_cell(llama8b, load_profile("cpu-laptop-16gb"), 131072)
+    # KV cache alone: 32 x 131072 x 8 x 256 x 2 B = 16 GiB = the laptop's whole RAM budget
+    assert 16 * GIB == 32 * 131072 * 8 * 256 * 2
+    assert cell.status == NO_FIT and not cell.fits
+    assert cell.tokens_per_s is None and cell.device_map == {} and cell.speed_text() == ""
+    assert "cpu" in cell.problem and "its 16 GiB budget" in cell.problem
+
+
+def test_a_gpu_too_small_for_the_cache_leaves_the_cpu_to_run_it(llama8b) -> None:
+    # RTX 4090 at 128k: 16 GiB of KV cache plus the prefill's activations would have to stay
+    # on the GPU that runs the offloaded layers, beside at least one layer: 23 GiB is not enough
+    cell = fit_cell(llama8b, load_profile("rtx4090-64gb"), 131072)
+    assert cell.status == CPU_ONLY and cell.fits
+    assert not any(isinstance(device, int) for device in cell.device_map.values())
+    assert cell.problem.startswith("the GPUs are unused: none holds a layer beside the KV")
+    assert cell.tokens_per_s is not None and cell.tokens_per_s > 0
+
+
+def test_a_small_gpu_takes_part_of_the_layers(llama8b) -> None:
+    profile = HardwareProfile(
+        "12gb-gpu",
+        "one 12 GiB GPU, 64 GiB RAM",
+        (DeviceSpec(0, "GPU", 12 * GIB, None, 100.0, 900.0), DeviceSpec("cpu", "RAM", 64 * GIB)),
+    )
+    cell = fit_cell(llama8b, profile, 4096)
+    assert cell.status == PARTIAL
+    # 32 layers of 436 MB each cannot all sit in 12 GiB - margin; some can
+    assert 0 < cell.gpu_layers < 32 and cell.layer_count == 32
+    assert cell.label() == f"partial: {cell.gpu_layers} of 32 layers on GPU"
+    budget = profile.budgets()[0]
+    used = sum(llama8b.tree.node(name).nbytes for name, d in cell.device_map.items() if d == 0)
+    assert used + cell.reserve[0] <= budget  # the weights on the GPU and its reserve fit
+
+
+def test_the_table_has_every_profile_including_the_users(
+    llama8b, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    folder = tmp_path / "model-memory-workbench" / "hardware"
+    folder.mkdir(parents=True)
+    (folder / "my-a100.json").write_text(
+        json.dumps(
+            {
+                "description": "one A100 80 GB, 256 GB RAM",
+                "devices": [
+                    {"device": 0, "memory": "80GiB", "held": "2GiB"},
+                    {"device": "cpu", "memory": "256GiB"},
+                ],
+            }
+        )
+    )
+    seen = []
+    table = fit_table(llama8b, contexts=[4096], on_cell=seen.append)
+    names = [profile.name for profile in table.profiles]
+    assert {"h200-141gb", "cpu-laptop-16gb", "rtx4090-64gb", "2x-h100-80gb", "my-a100"} <= set(
+        names
+    )
+    assert [cell.profile for cell in table.cells] == names == [cell.profile for cell in seen]
+    assert table.cell("my-a100", 4096).status == FULL_GPU
+    data = json.loads(json.dumps(table.to_dict()))  # JSON-clean
+    assert data["contexts"] == [4096] and len(data["cells"]) == len(names)
+    mine = next(p for p in data["profiles"] if p["name"] == "my-a100")
+    assert "2 GiB held" in mine["budget_description"]
+    with pytest.raises(KeyError, match="no cell for profile 'nope' at 4096 tokens"):
+        table.cell("nope", 4096)

@@ -1,0 +1,12 @@
+"""Quantization-aware planning and loading (issue 19).
+
+- ``precisions``: the one precision vocabulary (``int8``, ``int4-g128``, ``nf4``, ``fp8``, the
+  model's own dtypes), parsed once where a name enters, like ``dtypes`` for torch dtypes.
+- ``sizes``: bytes of a weight per precision, exact to the torchao / bitsandbytes layouts, and
+  a precision map applied to a model's tensors and modules.
+- ``keep_high_precision``: the modules left unquantized by default (transformers' quantizers').
+- ``prequantized``: GPTQ / AWQ / compressed-tensors / bitsandbytes checkpoints sized from their
+  headers, with their ``quantization_config``.
+
+The joint planner is ``workbench.big_modeling.planning.precision_planner``.
+"""

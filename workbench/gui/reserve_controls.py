@@ -1,0 +1,210 @@
+"""The planner's reserve controls: the memory model's options, or a fixed number of bytes.
+
+With "memory model" each device keeps free the KV cache of the layers it runs plus their
+activation peak, for ``batch`` sequences of ``context`` tokens (at its minimum the spin box
+means the model's ``max_position_embeddings`` capped by ``cap``), a KV dtype and, for MLA
+models, an engine (``runtime.planning.MemoryOptions``). With "bytes" the execution device keeps
+a fixed reserve. The controls are remembered in ``QSettings`` (``settings.planner_memory``);
+``changed`` fires on every edit. A note line under the controls names the context planned
+for, or the config keys the memory model did not understand (those layers count as dense).
+
+Example:
+    >>> controls = ReserveControls()  # doctest: +SKIP
+    >>> controls.memory_options()  # doctest: +SKIP
+    MemoryOptions(batch=1, context=None, kv_dtype='model', engine='transformers', ...)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QComboBox,
+    QDoubleSpinBox,
+    QGridLayout,
+    QLabel,
+    QRadioButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.gui.colors import warning_color
+from workbench.gui.settings import planner_memory, save_planner_memory
+from workbench.runtime.planning import (
+    DEFAULT_CONTEXT_CAP,
+    KV_DTYPES,
+    KV_ENGINES,
+    MemoryOptions,
+    attention_layout,
+    planned_context,
+)
+
+GIB = 1024**3
+MAX_CONTEXT = 16 * 1_048_576
+MEMORY_DEFAULTS = {
+    "reserve_mode": "model",
+    "batch": 1,
+    "context": 0,  # 0: the model's maximum, capped
+    "context_cap": DEFAULT_CONTEXT_CAP,
+    "kv_dtype": "model",
+    "kv_engine": "transformers",
+}
+
+
+class ReserveControls(QWidget):
+    """Memory model (batch, context, cap, KV dtype, engine) or bytes; ``changed`` on edits."""
+
+    changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.by_model = QRadioButton("memory model", self)
+        self.by_model.setToolTip(
+            "Each device keeps free the KV cache of the layers it runs plus their activation "
+            "peak (a prefill filling the context); the lanes show the same figures"
+        )
+        self.by_bytes = QRadioButton("bytes", self)
+        self.by_bytes.setToolTip("A fixed reserve on the execution device")
+        self.by_model.setChecked(True)
+        group = QButtonGroup(self)
+        group.addButton(self.by_model)
+        group.addButton(self.by_bytes)
+        self.batch_spin = _spin(self, 1, 1024, 1, "batch ")
+        self.context_spin = _spin(self, 0, MAX_CONTEXT, 0, "context ")
+        self.context_spin.setSpecialValueText("model max")
+        self.context_spin.setSingleStep(1024)
+        self.context_spin.setToolTip(
+            "Tokens the KV cache holds; at the minimum: the model's max_position_embeddings, "
+            "at most the cap"
+        )
+        self.context_cap_spin = _spin(self, 1, MAX_CONTEXT, DEFAULT_CONTEXT_CAP, "cap ")
+        self.context_cap_spin.setSingleStep(1024)
+        self.context_cap_spin.setToolTip("The most context 'model max' plans for")
+        self.kv_dtype_combo = QComboBox(self)
+        for dtype in KV_DTYPES:
+            self.kv_dtype_combo.addItem(f"KV {dtype}", dtype)
+        self.kv_dtype_combo.setToolTip("KV cache dtype ('model': the dtype activations run in)")
+        self.kv_engine_combo = QComboBox(self)
+        for engine in KV_ENGINES:
+            self.kv_engine_combo.addItem(f"MLA {engine}", engine)
+        self.kv_engine_combo.setToolTip(
+            "Whose MLA cache to count (DeepSeek V2/V3): transformers, vLLM and SGLang cache the "
+            "compressed latent, transformers 4.x the expanded heads; no effect on other models"
+        )
+        self.reserve_gib = QDoubleSpinBox(self)
+        self.reserve_gib.setRange(0, 4096)
+        self.reserve_gib.setSuffix(" GiB")
+        self.note = QLabel(self)
+        self.note.setObjectName("plannerMemoryNote")
+        self.note.setWordWrap(True)
+        self.note.setVisible(False)
+        self._build_layout()
+        self._restore()
+        for spin in (self.batch_spin, self.context_spin, self.context_cap_spin):
+            spin.valueChanged.connect(self._on_control_changed)
+        for combo in (self.kv_dtype_combo, self.kv_engine_combo):
+            combo.currentTextChanged.connect(self._on_control_changed)
+        self.by_model.toggled.connect(self._on_control_changed)
+        self.reserve_gib.valueChanged.connect(self._on_control_changed)
+
+    def _build_layout(self) -> None:
+        # narrow: the planner dock sits beside the tree and the lanes
+        grid = QGridLayout()
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.addWidget(self.by_model, 0, 0)
+        grid.addWidget(self.batch_spin, 0, 1)
+        grid.addWidget(self.context_spin, 0, 2)
+        grid.addWidget(self.kv_dtype_combo, 1, 1)
+        grid.addWidget(self.context_cap_spin, 1, 2)
+        grid.addWidget(self.kv_engine_combo, 2, 1, 1, 2)
+        grid.addWidget(self.by_bytes, 3, 0)
+        grid.addWidget(self.reserve_gib, 3, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addLayout(grid)
+        layout.addWidget(self.note)
+
+    def _restore(self) -> None:
+        saved = planner_memory(MEMORY_DEFAULTS)
+        self.by_bytes.setChecked(saved["reserve_mode"] == "bytes")
+        self.by_model.setChecked(saved["reserve_mode"] != "bytes")
+        self.batch_spin.setValue(saved["batch"])
+        self.context_spin.setValue(saved["context"])
+        self.context_cap_spin.setValue(saved["context_cap"])
+        self.set_kv_dtype(saved["kv_dtype"])
+        self.set_kv_engine(saved["kv_engine"])
+
+    def set_kv_dtype(self, dtype: str) -> None:
+        """Choose a KV dtype of ``KV_DTYPES`` (an unknown one is ignored)."""
+        index = self.kv_dtype_combo.findData(dtype)
+        if index >= 0:
+            self.kv_dtype_combo.setCurrentIndex(index)
+
+    def set_kv_engine(self, engine: str) -> None:
+        """Choose an engine of ``KV_ENGINES`` (an unknown one is ignored)."""
+        index = self.kv_engine_combo.findData(engine)
+        if index >= 0:
+            self.kv_engine_combo.setCurrentIndex(index)
+
+    def _on_control_changed(self, *_args: object) -> None:
+        save_planner_memory(
+            {
+                "reserve_mode": "model" if self.by_model.isChecked() else "bytes",
+                "batch": self.batch_spin.value(),
+                "context": self.context_spin.value(),
+                "context_cap": self.context_cap_spin.value(),
+                "kv_dtype": self.kv_dtype_combo.currentData(),
+                "kv_engine": self.kv_engine_combo.currentData(),
+            }
+        )
+        self.changed.emit()
+
+    def memory_options(self) -> MemoryOptions | None:
+        """The memory model's options (``None`` with a fixed reserve in bytes)."""
+        if not self.by_model.isChecked():
+            return None
+        return MemoryOptions(
+            batch=self.batch_spin.value(),
+            context=self.context_spin.value() or None,
+            kv_dtype=self.kv_dtype_combo.currentData(),
+            engine=self.kv_engine_combo.currentData(),
+            context_cap=self.context_cap_spin.value(),
+        )
+
+    def fixed_bytes(self) -> int:
+        """The fixed reserve the "bytes" row gives."""
+        return round(self.reserve_gib.value() * GIB)
+
+    def update_note(self, opened: Any) -> None:
+        """Say which context the memory model plans for ``opened``, or warn about config keys
+        it did not understand (those layers count as dense attention) or a config it cannot
+        read at all."""
+        options = self.memory_options()
+        text, warned = "", False
+        if opened is not None and options is not None:
+            try:
+                layout = attention_layout(opened)
+                context = planned_context(opened, options)
+            except (ValueError, TypeError, AttributeError) as exc:
+                text, warned = f"No memory model for this model: {exc}", True
+            else:
+                if layout.warnings:
+                    text, warned = "Memory model: " + " ".join(layout.warnings), True
+                elif options.context is None:
+                    text = f"Planning for {context:,} tokens of context"
+        self.note.setText(text)
+        self.note.setStyleSheet(f"color: {warning_color().name()};" if warned else "")
+        self.note.setProperty("warned", warned)
+        self.note.setVisible(bool(text))
+
+
+def _spin(parent: QWidget, low: int, high: int, value: int, prefix: str) -> QSpinBox:
+    spin = QSpinBox(parent)
+    spin.setRange(low, high)
+    spin.setValue(value)
+    spin.setPrefix(prefix)
+    return spin
