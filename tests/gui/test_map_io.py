@@ -262,3 +262,19 @@ def test_plan_then_export_then_import_through_the_gui_gives_an_identical_map(
     dialog.buttons.button(dialog.buttons.StandardButton.Ok).click()
     assert window.session.device_map == planned
     assert window.undo_stack.undoText() == "Import map from planned.json"
+
+
+def test_copy_as_code_carries_the_sessions_precision_map(main_window, open_in_window, demo_dir) -> None:
+    from workbench.gui.precision_column import push_precision
+
+    open_in_window(main_window, demo_dir)
+    plain = map_io.copy_as_code(main_window)
+    assert "quantization_config" not in plain  # no precision chosen: the plain snippet
+    assert push_precision(main_window.undo_stack, main_window.session, ["model.layers.0"], "int8")
+    snippet = map_io.copy_as_code(main_window)
+    compile(snippet, "<snippet>", "exec")
+    assert "quantization_config=quantization_config," in snippet
+    assert "TorchAoConfig(" in snippet and "Int8WeightOnlyConfig" in snippet
+    assert r"'re:model\\.layers\\.(0)\\..*': Int8WeightOnlyConfig()" in snippet
+    main_window.undo_stack.undo()  # the precision goes, and with it the quantization config
+    assert "quantization_config" not in map_io.copy_as_code(main_window)

@@ -117,3 +117,39 @@ def test_a_load_fills_the_memory_table_lane_tooltips_and_log(
     assert shown.args == [None, None]
     assert "measured" not in cpu_lane.bar.toolTip()  # nothing is loaded: no measured figures
     assert "no longer loaded" in view.caption.text()
+
+
+def test_a_load_follows_the_sessions_precision_map(
+    stop_resource_tracker: Any,
+    main_window: Any,
+    open_in_window: Any,
+    demo_dir: Path,
+    tmp_path: Path,
+    qtbot: Any,
+) -> None:
+    """Set precision (the tree's menu, one undo step) makes the load quantize: the cpu weights
+    measured after it are fewer than the checkpoint's fp16 bytes (int8 packs a weight into one
+    byte plus a scale per row, about half of fp16)."""
+    from workbench.gui.precision_column import push_precision
+
+    open_in_window(main_window, demo_dir)
+    push_plan(main_window.undo_stack, main_window.session, {"": "cpu"}, strategy="auto")
+    layers = sorted(
+        name
+        for name in json.loads((demo_dir / "model.safetensors.index.json").read_text())[
+            "weight_map"
+        ]
+        if name.startswith("model.layers.0.")
+    )
+    assert layers, "the demo has a first decoder layer"
+    assert push_precision(main_window.undo_stack, main_window.session, ["model.layers.0"], "int8")
+    panels = main_window.runtime_panels
+    panels.bridge.host.offload_root = tmp_path / "offload"
+    panels.controller.error_presenter = lambda *_: None
+    view = panels.inference_panel.memory_view
+    with qtbot.waitSignal(view.record_shown, timeout=LOAD_TIMEOUT_MS) as shown:
+        panels.load_action.trigger()
+    record = shown.args[0]
+    stored = _stored_nbytes(demo_dir, {"model": "cpu", "lm_head": "cpu"}, "cpu")
+    measured = record.device("cpu").measured_weights_bytes
+    assert measured is not None and measured < stored, (measured, stored)

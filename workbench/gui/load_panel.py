@@ -260,9 +260,13 @@ class LoadController(QObject):
         if not check.loadable:
             self._report_error("Cannot load", check.reason, "")
             return None
+        options = dict(self.load_options)
+        precision_map = getattr(self.session, "precision_map", None)
+        if precision_map:  # the worker quantizes these modules between load and dispatch
+            options.setdefault("precision_map", dict(precision_map))
         try:
             request_id = self.bridge.load(
-                source, device_map, dtype=self.session.dtype, options=self.load_options
+                source, device_map, dtype=self.session.dtype, options=options
             )
         except OffloadError as exc:  # the load cannot run at all: a failed load, not a glitch
             self._fail_before_start(exc)

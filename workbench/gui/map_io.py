@@ -47,7 +47,8 @@ from workbench.runtime import (
 from workbench.runtime.formatting import format_nbytes
 from workbench.runtime.map_code import checkpoint_location, from_pretrained_code
 from workbench.runtime.map_edits import MapIndex, compact_names
-from workbench.runtime.precision_session import precision_section
+from workbench.runtime.precision_session import kept_modules, precision_section
+from workbench.runtime.quantization_code import quantization_config_code
 from workbench.wording import plural
 
 if TYPE_CHECKING:
@@ -331,6 +332,12 @@ def code_snippet(window: WindowContext) -> str:
     session = window.session
     opened = session.opened
     location, placeholder = checkpoint_location(session.source, getattr(opened, "folder", None))
+    precision_map = dict(getattr(session, "precision_map", None) or {})
+    quantization = (
+        quantization_config_code(precision_map, kept_modules(opened, precision_map))
+        if precision_map and opened is not None
+        else None
+    )
     return from_pretrained_code(
         model_class=getattr(opened, "model_class", "") or "AutoModelForCausalLM",
         location=location,
@@ -338,12 +345,17 @@ def code_snippet(window: WindowContext) -> str:
         device_map=dict(session.device_map),
         max_memory=dict(session.budgets),
         dtype=getattr(session.tree, "planning_dtype", None),
+        quantization=quantization or None,
     )
 
 
 def copy_as_code(window: WindowContext) -> str:
-    """Put the snippet on the clipboard and return it."""
-    snippet = code_snippet(window)
+    """Put the snippet on the clipboard and return it (empty when it cannot be written)."""
+    try:
+        snippet = code_snippet(window)
+    except BadInputError as exc:  # e.g. NF4 mixed with int8: transformers takes one method
+        window.show_error("Cannot copy as code", str(exc))
+        return ""
     QGuiApplication.clipboard().setText(snippet)
     window.statusBar().showMessage("Copied a from_pretrained(...) snippet to the clipboard", 5000)
     return snippet
