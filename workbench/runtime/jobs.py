@@ -444,6 +444,7 @@ def load_model(
     )
     throttle.flush()
     token.raise_if_cancelled()
+    quantized = None
     if request.options.get("precision_map") or request.options.get("quantize"):
         from workbench.big_modeling.quantization.apply import quantize_model, resolve_precision_map  # noqa: PLC0415 (torchao: only quantized loads)
 
@@ -451,7 +452,7 @@ def load_model(
         precisions = resolve_precision_map(
             model, request.options.get("precision_map"), request.options.get("quantize")
         )
-        quantize_model(model, precisions, offload_folder=offload_folder)
+        quantized = quantize_model(model, precisions, offload_folder=offload_folder)
         token.raise_if_cancelled()
     done = throttle.last.bytes_done if throttle.last is not None else total
     emit(Phase(rid, "dispatching"))
@@ -466,7 +467,7 @@ def load_model(
         source=str(request.source),
         model_class=type(model).__name__,
         device_map=device_map,
-        nbytes_by_device=_nbytes_by_device(opened, device_map),
+        nbytes_by_device=_predicted_weights(opened, device_map, model, quantized),
         load_s=time.perf_counter() - start_s,
         bytes_total=total,
         is_causal_lm=is_causal_lm(model),
@@ -560,6 +561,18 @@ def _entry_sizes(opened: Any) -> dict[str, int]:
     """Bytes per module name, as the opened model's tree counts them (header sizes)."""
     tree = getattr(opened, "tree", None)
     return tree.module_sizes() if tree is not None else {}
+
+
+def _predicted_weights(
+    opened: Any, device_map: dict[str, int | str], model: Any, quantized: Any
+) -> dict[str, int]:
+    """Weight bytes per device the load should hold; a quantized load's at its precisions."""
+    nbytes = _nbytes_by_device(opened, device_map)
+    if quantized is None:
+        return nbytes
+    from workbench.runtime.memory_reconcile import quantized_weights_prediction  # noqa: PLC0415 (torch; the GUI imports jobs)
+
+    return quantized_weights_prediction(nbytes, quantized, model)
 
 
 def _nbytes_by_device(opened: Any, device_map: dict[str, int | str]) -> dict[str, int]:

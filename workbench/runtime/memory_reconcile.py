@@ -43,6 +43,7 @@ from torch import nn
 from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.big_modeling.planning.device_reserve import reserve_per_device
 from workbench.big_modeling.planning.sizes import format_nbytes
+from workbench.big_modeling.quantization.sizes import quantized_weight_nbytes
 from workbench.runtime.memory_readings import (
     AnonPeakSampler,
     cuda_devices_in_use,
@@ -62,6 +63,29 @@ logger = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------------
 # The prediction of a run's reserve
 # ------------------------------------------------------------------------------------------
+
+
+
+def quantized_weights_prediction(
+    predicted: Mapping[str, int], report: Any, model: nn.Module
+) -> dict[str, int]:
+    """The weights per device a quantized load should hold: ``predicted`` (the map's bytes at
+    the load dtype) with each weight ``quantize_model`` converted counted at its precision's
+    size (``quantization.sizes``, the planner's formula), on the tier it was converted on.
+
+    Args:
+        predicted: bytes per device label before quantization.
+        report: the ``QuantizeReport`` of the load.
+        model: the model the report names modules of.
+    """
+    out = dict(predicted)
+    for converted in report.modules:
+        linear = model.get_submodule(converted.name)
+        rows, columns = int(linear.out_features), int(linear.in_features)
+        dtype = linear.weight.dtype  # a torchao tensor reports the dtype it was made from
+        size = quantized_weight_nbytes(converted.precision, rows, columns, dtype)
+        out[converted.tier] = out.get(converted.tier, 0) - converted.original_nbytes + size
+    return out
 
 
 def _main_device(device_map: Mapping[str, object]) -> str:
