@@ -13,7 +13,12 @@ import pytest
 from PySide6.QtCore import QCoreApplication, QEvent, QTimer
 from PySide6.QtWidgets import QMessageBox
 
-from workbench.gui.demo_startup import DEMO_PARAMS_ENV, DEMO_THREAD_NAME, start_demo
+from workbench.gui.demo_startup import (
+    DEMO_PARAMS_ENV,
+    DEMO_THREAD_NAME,
+    make_demo_folder,
+    start_demo,
+)
 from workbench.gui.workers import running_threads
 
 
@@ -34,11 +39,25 @@ def test_workbench_demo_makes_the_demo_off_the_gui_thread_then_opens_it(
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(cache))
     monkeypatch.setenv(DEMO_PARAMS_ENV, "2M")
     events_while_making: list[bool] = []
+    ticked = threading.Event()
 
     def on_tick() -> None:
         windows = [w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)]
         if _making_demo() and windows and windows[0].isVisible():
             events_while_making.append(windows[0].busy_bar.isVisible())
+            ticked.set()
+
+    def start_held(window: Any) -> Any:
+        # The maker waits (on the worker thread) until the event loop has run with the window
+        # shown, so a fast machine cannot finish the demo before the first tick: no race. If
+        # the loop never runs, the wait ends and the assertion below names the failure.
+        def make(*args: Any, **kwargs: Any) -> Path:
+            ticked.wait(timeout=120)
+            return make_demo_folder(*args, **kwargs)
+
+        return start_demo(window, make=make)
+
+    monkeypatch.setattr("workbench.gui.app.start_demo", start_held)
 
     ticker = QTimer()
     ticker.setInterval(0)  # every pass of the event loop
