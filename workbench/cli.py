@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Sequence
 from workbench import __version__
 from workbench.big_modeling.errors import BadInputError
 from workbench.models.catalog import is_bundled_name
+from workbench.runtime.import_noise import quiet_import_noise
 
 COMMAND_MODULES: tuple[str, ...] = (
     "workbench.commands.inspect",
@@ -80,22 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
     )
     if not args.verbose:
-        _quiet_library_import_noise()
+        quiet_import_noise()
     if args.command is None:
         return _run_gui(args)
     return _run_guarded(args.func, args)
 
-
-
-# Loggers that warn on import about things a CPU machine cannot use, whenever transformers
-# imports its torchao quantizer: torchao's CUDA-only kernels ("Failed to load _C_mxfp8...so")
-# and torch's pytree deprecation of register_constant for torchao's enums. Shown with -v.
-_IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
-
-
-def _quiet_library_import_noise() -> None:
-    for name in _IMPORT_NOISE_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def looks_like_source(word: str) -> bool:

@@ -15,19 +15,9 @@ from workbench.cli import main
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A small llama demo and a map file: layer 0 on the CPU, the other layers on disk."""
-    from workbench.models import make_demo
-
-    root = tmp_path_factory.mktemp("run")
-    folder = make_demo(root / "demo", arch="llama", params="2M", shards=2)
-    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
-    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu"}
-    device_map |= {f"model.layers.{i}": "disk" for i in range(1, layers)}
-    device_map |= {"model.norm": "cpu", "lm_head": "cpu"}
-    map_file = root / "map.json"
-    map_file.write_text(json.dumps(device_map))
-    return folder, map_file
+def demo(cpu_disk_demo: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The shared cpu + disk demo (``conftest.cpu_disk_demo``)."""
+    return cpu_disk_demo
 
 
 def test_run_in_process_json_with_verify(

@@ -13,20 +13,6 @@ from workbench.cli import main
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def cpu_disk_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A small llama demo and a map: layer 0 and the rest on the CPU, the other layers on disk."""
-    from workbench.models import make_demo
-
-    root = tmp_path_factory.mktemp("run-memory")
-    folder = make_demo(root / "demo", arch="llama", params="2M", shards=2)
-    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
-    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu"}
-    device_map |= {f"model.layers.{i}": "disk" for i in range(1, layers)}
-    device_map |= {"model.norm": "cpu", "lm_head": "cpu"}
-    map_file = root / "map.json"
-    map_file.write_text(json.dumps(device_map))
-    return folder, map_file
 
 
 def test_run_json_has_predicted_and_measured_per_device(

@@ -249,3 +249,17 @@ def tiny_window(main_window: Any, tiny_opened: Any) -> Any:
     """``main_window`` showing ``tiny_opened`` with everything on cpu."""
     main_window.set_opened("tiny-lm", tiny_opened, {"": "cpu"})
     return main_window
+
+
+@pytest.fixture
+def stop_resource_tracker() -> Iterator[None]:
+    """Stop multiprocessing's resource tracker after the test.
+
+    Spawning the worker starts that helper process, which otherwise lives as long as pytest and
+    trips the leftover-process guard; the next spawn starts it again. Ask for it first, so it is
+    torn down last (after the window closed and its worker exited).
+    """
+    yield
+    from multiprocessing import resource_tracker
+
+    resource_tracker._resource_tracker._stop()

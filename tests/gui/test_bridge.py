@@ -142,19 +142,6 @@ def test_shutdown_stops_delivery(qtbot, bridge) -> None:
     assert ("shutdown",) in bridge.host.calls
 
 
-@pytest.fixture
-def stop_resource_tracker():
-    """Stop multiprocessing's resource tracker after the test.
-
-    Spawning the worker starts that helper process, which otherwise lives as long as pytest and
-    trips the GUI conftest's leftover-process guard; the next spawn starts it again.
-    """
-    yield
-    from multiprocessing import resource_tracker
-
-    resource_tracker._resource_tracker._stop()
-
-
 @pytest.mark.slow
 def test_real_worker_reports_a_bad_source_and_stays_usable(
     qtbot, tmp_path, stop_resource_tracker

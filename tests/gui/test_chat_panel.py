@@ -26,14 +26,6 @@ def chat_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def stop_resource_tracker() -> Iterator[None]:
-    yield
-    from multiprocessing import resource_tracker
-
-    resource_tracker._resource_tracker._stop()
-
-
-@pytest.fixture
 def live_panel(stop_resource_tracker: Any, qtbot: Any, tmp_path: Path) -> Iterator[Any]:
     """An Inference panel on a real worker; ``panel.state["map"]`` is the loaded map."""
     bridge = WorkerBridge(offload_root=tmp_path / "offload")

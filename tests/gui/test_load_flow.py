@@ -28,16 +28,6 @@ LOAD_TIMEOUT_MS = 180_000  # a cold worker imports torch + transformers; 8 engin
 
 
 @pytest.fixture
-def stop_resource_tracker():
-    """Stop multiprocessing's resource tracker after the test (the worker spawn started it;
-    otherwise it lives as long as pytest and trips the leftover-process guard)."""
-    yield
-    from multiprocessing import resource_tracker
-
-    resource_tracker._resource_tracker._stop()
-
-
-@pytest.fixture
 def worker_bridge() -> WorkerBridge:
     """The window's worker runs the tests' load hold (``tests/job_holds.py``)."""
     return WorkerBridge(load_observer=HOLD_OBSERVER)

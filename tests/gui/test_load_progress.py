@@ -17,15 +17,6 @@ LOAD_TIMEOUT_MS = 180_000  # a cold worker imports torch + transformers; the cor
 
 
 @pytest.fixture
-def stop_resource_tracker():
-    """Stop multiprocessing's resource tracker after the test (the worker spawn started it)."""
-    yield
-    from multiprocessing import resource_tracker
-
-    resource_tracker._resource_tracker._stop()
-
-
-@pytest.fixture
 def worker_bridge() -> WorkerBridge:
     return WorkerBridge(load_observer=HOLD_OBSERVER)
 

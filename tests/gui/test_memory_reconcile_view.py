@@ -19,15 +19,6 @@ pytestmark = [pytest.mark.gui, pytest.mark.slow]
 LOAD_TIMEOUT_MS = 180_000  # a cold worker imports torch + transformers; the machine is shared
 
 
-@pytest.fixture
-def stop_resource_tracker():
-    """Stop multiprocessing's resource tracker after the test (the worker spawn started it)."""
-    yield
-    from multiprocessing import resource_tracker
-
-    resource_tracker._resource_tracker._stop()
-
-
 def _stored_nbytes(folder: Path, device_map: dict[str, Any], device: str) -> int:
     """Bytes the checkpoint stores for the tensors the map places on ``device`` (headers)."""
     index = json.loads((folder / "model.safetensors.index.json").read_text())

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from workbench.big_modeling.progress import CancelToken
+from workbench.runtime.import_noise import quiet_import_noise
 from workbench.runtime.jobs import JobRunner, import_load_observer
 from workbench.runtime.protocol import (
     Cancel,
@@ -36,8 +37,6 @@ from workbench.runtime.protocol import (
 from workbench.runtime.telemetry import MemorySampler
 
 logger = logging.getLogger(__name__)
-IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
-"""Loggers that warn on import (when transformers imports torchao) about what a CPU cannot use."""
 
 
 class _Sender:
@@ -176,8 +175,7 @@ def worker_main(
     for source in forwarded:
         source.addHandler(forwarder)
         source.setLevel(forwarder.level)
-    for name in IMPORT_NOISE_LOGGERS:  # CUDA-only torchao kernels and enum deprecations on import
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_import_noise()
     sampler = MemorySampler(send, rate_hz=sample_hz)
     sampler.start()
     listener = _Listener(requests, send)
