@@ -15,6 +15,13 @@ Speed: greedy decode with a KV cache, ``--tokens`` tokens after a ``--prompt``-t
 (prefill not timed), median of ``--rounds`` rounds run round-robin over the candidates so
 background load hits all alike; the ratio is against bf16 on the same map in the same run.
 
+Predicted: ``models.speed.predict_speed`` of the same map and precisions on this machine's
+detected profile, with the CPU kernel probe (``device_probe.cached_cpu_kernels``: measured once
+per machine, cached; its figures are printed) setting the CPU's bf16 read rate and each format's
+kernel efficiency; ``pred/meas`` is the speed model's error. The disk read rate is the typical
+2 GB/s (not measured), and the decode loop rereads the offload files from the page cache, so the
+``cpu+disk`` rows predict low.
+
     python benchmarks/bench_quantized.py [--folder DEMO] [--precisions bf16,int8,int4-g64]
 """
 
@@ -38,6 +45,11 @@ from workbench.big_modeling.quantization.packed import stored_nbytes
 from workbench.big_modeling.quantization.precisions import parse_precisions
 from workbench.big_modeling.quantization.sizes import QuantizableWeights, tensor_nbytes_under
 from workbench.models.demo import make_demo
+from workbench.models.hardware import HardwareProfile, detect_hardware
+from workbench.models.intake import open_model
+from workbench.models.kernel_costs import MEMORY_BANDWIDTH_UTILIZATION
+from workbench.models.speed import predict_speed
+from workbench.runtime.precision_planning import with_tensor_sizes
 
 
 def empty_model(folder: Path) -> torch.nn.Module:
@@ -114,6 +126,28 @@ def measured_per_device(model: torch.nn.Module, offload: Path | None) -> dict[st
     return totals
 
 
+def predicted_tok_s(
+    folder: Path,
+    precision_map: dict[str, str],
+    device_map: dict[str, str],
+    profile: HardwareProfile,
+) -> float:
+    """The speed model's decode tok/s for this map at these precisions (quantized sizes, and
+    each quantized Linear weight read by its format's kernel)."""
+    opened = open_model(folder)
+    weights = QuantizableWeights.of(opened.model)
+    sizes = tensor_nbytes_under(precision_map, opened.tree.tensor_nbytes, weights)
+    quantized = precision_map["model.layers"]
+    kernels = {
+        tensor.rpartition(".")[0]: quantized
+        for tensor in weights.shapes
+        if tensor.startswith("model.layers.")
+    }
+    return predict_speed(
+        with_tensor_sizes(opened.tree, sizes), device_map, profile, precisions=kernels
+    ).tokens_per_s
+
+
 def decode_tok_s(model: torch.nn.Module, prompt: int, tokens: int) -> float:
     ids = torch.arange(1, prompt + 1).unsqueeze(0)
     with torch.inference_mode():
@@ -181,7 +215,20 @@ def main() -> None:
             f"\ndecode tok/s ({args.tokens} tokens after a {args.prompt}-token prompt, "
             f"median of {args.rounds} rounds)"
         )
-        print(f"{'map':9} {'precision':10} {'tok/s':>7} {'vs bf16':>8} {'load s':>7}")
+        profile = detect_hardware(measure_links=False, measure_kernels=True)
+        costs = profile.kernel_costs
+        print(
+            f"speed model: {'measured' if costs.cpu_measured else 'documented'} CPU kernels, "
+            f"bf16 read {profile.device('cpu').memory_bandwidth_gbps * MEMORY_BANDWIDTH_UTILIZATION:.3g} GB/s, "
+            + ", ".join(
+                f"{kind} {value:.3g}" for kind, value in costs.cpu.items() if kind != "plain"
+            )
+            + " of it"
+        )
+        print(
+            f"{'map':9} {'precision':10} {'tok/s':>7} {'vs bf16':>8} {'load s':>7} "
+            f"{'predicted':>9} {'pred/meas':>9}"
+        )
         for (map_name, name), values in speeds.items():
             median = statistics.median(values)
             base = (
@@ -189,9 +236,11 @@ def main() -> None:
                 if (map_name, "bfloat16") in speeds
                 else median
             )
+            precision_map = {"": "bfloat16", "model.layers": name}
+            predicted = predicted_tok_s(folder, precision_map, maps[map_name], profile)
             print(
                 f"{map_name:9} {name:10} {median:7.2f} {median / base:7.2f}x "
-                f"{candidates[(map_name, name)][1]:7.1f}"
+                f"{candidates[(map_name, name)][1]:7.1f} {predicted:9.2f} {predicted / median:8.2f}x"
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)

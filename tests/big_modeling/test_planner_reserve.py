@@ -6,7 +6,9 @@ intermediate 128, vocab 128, tied): embed 128 * 64 * 4 = 32768 B; each decoder l
 q 64*64 + k 64*32 + v 64*32 + o 64*64 = 12288, MLP 3 * 64 * 128 = 24576, two norms 128
 -> 36992 params * 4 B = 147968 B; norm 256 B; rotary inv_freq 64 B (a buffer).
 Its cache at 256 tokens, float32: 1 * 256 * 2 KV heads * (16 + 16) * 4 B = 65536 B per layer;
-one-token activation peak: residual 4 * 64 * 4 = 1024 + MLP 3 * 128 * 4 = 1536 -> 2560 B.
+one-token activation peak: residual 3 * 64 * 4 = 768 (embeddings, layer input, norm) + rotary
+cos/sin 2 * 16 * 4 = 128 + MLP 3 * 128 * 4 = 1536 + the attention sum beside it 64 * 4 = 256
+-> 2688 B.
 """
 
 from __future__ import annotations
@@ -26,25 +28,29 @@ KIB = 1024
 LAYER = 147968  # one decoder layer of tiny_llama, float32
 EMBED = 32768
 KV = 65536  # one layer's cache at 256 tokens
-ACTIVATION = 2560  # a one-token forward's peak
+ACTIVATION = 2688  # a one-token forward's peak
 
 
 def test_llama_reserve_golden(llama_config) -> None:
     # kv: 2 layers * 1 * 32 tokens * 2 kv heads * (16 + 16) * 2 B = 8192 B
-    # activation (sdpa, logits of 1 position): residual 4 * 32 * 64 * 2 = 16384
-    #   + max(attention 4 * 32 * 16 * 2 = 4096, MLP 3 * 32 * 128 * 2 = 24576, logits 256)
+    # activation (sdpa, logits of 1 position): residual 3 * 32 * 64 * 2 = 12288
+    #   + rotary cos/sin 2 * 32 * 16 * 2 = 2048
+    #   + max(attention: queries + output 2 * 4 * 32 * 16 * 2 = 8192,
+    #         MLP 3 * 32 * 128 * 2 = 24576 + attention sum 32 * 64 * 2 = 4096, logits 256)
     assert estimate_activation_reserve(llama_config, batch_size=1, seq_len=32) == (
-        8192 + 16384 + 24576
+        8192 + 12288 + 2048 + 24576 + 4096
     )
 
 
 def test_gpt2_reserve_uses_its_spelling(gpt2_config) -> None:
     # n_layer 2, n_embd 32, n_head 4 (no GQA: 4 kv heads of 8), n_inner None -> 4 * 32 = 128
     # kv: 2 layers * 2 batch * 16 * 4 heads * (8 + 8) * 4 B (float32) = 16384 B
-    # activation: residual 4 * 2 * 16 * 32 * 4 = 16384 + MLP (not gated) 2 * 32 * 128 * 4
-    #   = 32768 (> attention 2 * 4 * 16 * 8 * 4 = 4096, logits 2 * 96 * 4 = 768)
+    # activation: residual 3 * 2 * 16 * 32 * 4 = 12288 + position embeddings 16 * 32 * 4 = 2048
+    #   + MLP (gelu_new: input, x / 2, x ** 3, 0.044715 x ** 3) 4 * 2 * 16 * 128 * 4 = 65536
+    #   + attention output and sum 2 * 2 * 16 * 32 * 4 = 8192
+    #   (> attention: queries + output 2 * 2 * 4 * 16 * 8 * 4 = 8192, logits 2 * 96 * 4 = 768)
     reserve = estimate_activation_reserve(gpt2_config, 2, 16, dtype=torch.float32)
-    assert reserve == 16384 + 16384 + 32768
+    assert reserve == 16384 + 12288 + 2048 + 65536 + 8192
 
 
 def test_reserve_grows_with_context(llama_config) -> None:
@@ -114,7 +120,7 @@ def test_each_layer_takes_its_cache_to_its_gpu(tiny_llama, llama_config) -> None
     # With each layer's cache a layer needs 147968 + 65536 = 213504 B: GPU 1 takes embed and
     # layer 0 (32768 + 213504 = 246272; a second layer would make 459776 > 348160), layer 1
     # goes to GPU 2. Each GPU then keeps one layer's cache + the activation peak free:
-    # 65536 + 2560 = 68096 B (round 2 confirms: 2560 B left beyond the charged caches).
+    # 65536 + 2688 = 68224 B (round 2 confirms: 2688 B left beyond the charged caches).
     assert plan.device_map == {
         "model.embed_tokens": 1,
         "model.layers.0": 1,
@@ -125,7 +131,7 @@ def test_each_layer_takes_its_cache_to_its_gpu(tiny_llama, llama_config) -> None
     }
     assert plan.per_device_bytes == {1: EMBED + LAYER, 2: LAYER + 256 + 64}
     assert plan.reserve == {1: KV + ACTIVATION, 2: KV + ACTIVATION}
-    # the plain map would not run: GPU 1 needs 329024 + 2 * 65536 + 2560 = 462656 > 348160
+    # the plain map would not run: GPU 1 needs 329024 + 2 * 65536 + 2688 = 462784 > 348160
     assert sum(reserve_for_map(plain.device_map).values()) + 329024 > 340 * KIB
     for device, nbytes in plan.per_device_bytes.items():
         assert nbytes + plan.reserve[device] <= budgets[device]
@@ -155,11 +161,11 @@ def test_offloaded_layers_keep_their_cache_on_the_gpu_that_runs_them(
     # Without a reserve GPU 1 (307200 B) takes embed + layer 0 (180736 B), layer 1 the CPU.
     assert plain.device_map["model.layers.0"] == 1
     # Dispatch runs CPU layers on the map's first GPU (GPU 1 here), so their caches live there.
-    # Round 1 gives the plain split; it needs on GPU 1: 2 caches + activation = 133632 B, of
-    # which 65536 came with layer 0 -> 68096 B more. Round 2: 307200 - 68096 = 239104 B holds
+    # Round 1 gives the plain split; it needs on GPU 1: 2 caches + activation = 133760 B, of
+    # which 65536 came with layer 0 -> 68224 B more. Round 2: 307200 - 68224 = 238976 B holds
     # embed (32768) but not layer 0 with its cache (+213504). Round 3 reserves both caches
-    # (133632 B) and the map stays: 32768 + 133632 = 166400 B <= 307200. Layer 0 on GPU 1 would
-    # need 32768 + 147968 + 133632 = 314368 B > 307200.
+    # (133760 B) and the map stays: 32768 + 133760 = 166528 B <= 307200. Layer 0 on GPU 1 would
+    # need 32768 + 147968 + 133760 = 314496 B > 307200.
     assert plan.device_map == {
         "model.embed_tokens": 1,
         "model.layers": "cpu",
@@ -215,3 +221,25 @@ def test_charges_must_name_modules(tiny_llama) -> None:
             strategy="sequential",
             charges={"model.layers.9": 1},
         )
+
+
+def test_a_chunked_prefill_counts_its_last_chunk_over_the_whole_context(llama_config) -> None:
+    """Eager scores grow with what a chunk attends to: the last 256-token chunk of a 1024-token
+    context scores 256 x 1024 positions, four times the first chunk's 256 x 256."""
+    from workbench.big_modeling.planning.activation_peak import forward_peak_terms
+    from workbench.big_modeling.planning.device_reserve import reserve_per_device
+    from workbench.big_modeling.planning.kv_cache import layout_of
+
+    layout = layout_of(llama_config)
+
+    def peak(past: int) -> int:
+        terms = forward_peak_terms(layout, batch=1, tokens=256, past=past, nbytes=2,
+                                   attention="eager", logits_to_keep=1)  # fmt: skip
+        return terms["residual"] + terms["mask"] + max(terms[k] for k in ("attention", "mlp", "logits"))
+
+    reserves = reserve_per_device(llama_config, ["cpu"] * len(layout.layers), context=1024,
+                                  prompt_tokens=256, attention="eager", model_dtype="fp16")  # fmt: skip
+    assert reserves["cpu"].activation_nbytes == peak(768) > peak(0)
+    whole = reserve_per_device(llama_config, ["cpu"] * len(layout.layers), context=1024,
+                               attention="eager", model_dtype="fp16")  # fmt: skip
+    assert whole["cpu"].activation_nbytes > reserves["cpu"].activation_nbytes

@@ -229,8 +229,6 @@ def test_bad_precisions_and_missing_offload_folder_are_named(
     load_checkpoint_in_model(
         model, demo_folder, device_map=DEVICE_MAP, offload_folder=tmp_path / "offload"
     )
-    with pytest.raises(BadInputError, match="nf4 can be planned but not loaded"):
-        quantize_model(model, {"model.layers.0": "nf4"})
     with pytest.raises(BadInputError, match="unknown precision 'int3'"):
         quantize_model(model, {"model.layers.0": "int3"})
     with pytest.raises(

@@ -46,3 +46,18 @@ def test_fit_text_lists_each_profile_with_its_budgets(cli) -> None:
 def test_fit_refuses_a_context_below_one_token(cli) -> None:
     code, _, err = cli("fit", "llama-3.1-8b", "--context", "0")
     assert code == 2 and "--context must be at least 1 token, got 0" in err
+
+
+def test_fit_prefill_chunks_change_the_cells_and_the_title(cli) -> None:
+    args = ("fit", "llama-3.1-8b", "--context", "131072", "--profile", "rtx4090-64gb")
+    code, whole, err = cli(*args)
+    assert code == 0, err
+    code, chunked, err = cli(*args, "--prefill-tokens", "2048")
+    assert code == 0, err
+    assert whole.splitlines()[0] == "fit        llama-3.1-8b: 1 profile x contexts 128k"
+    title = "fit        llama-3.1-8b: 1 profile x contexts 128k, prefill in 2k-token chunks"
+    assert chunked.splitlines()[0] == title
+    # one 128k-token prefill keeps the 4090 from running any layer; 2k-token chunks do not
+    assert "CPU only" in whole.splitlines()[2] and "partial:" in chunked.splitlines()[2]
+    code, _, err = cli(*args, "--prefill-tokens", "0")
+    assert code == 2 and "--prefill-tokens must be at least 1, got 0" in err

@@ -70,6 +70,11 @@ def test_text_output_explains_the_choice(cli, demo_dir: Path) -> None:
     code, out, err = cli("plan", str(demo_dir), "--max-memory", "cpu=1GiB", "--precisions", "int8")
     assert code == 0, err
     assert "precision  int8" in out and "why        chose int8 everywhere" in out
+    # the total is int8-sized: the first line says so, not the model's dtype alone
+    layers = len(_layers(demo_dir))
+    dtype = json.loads((demo_dir / "config.json").read_text())["dtype"]
+    header = out.splitlines()[0]
+    assert f" (int8 on {layers} layers; {dtype} elsewhere), strategy auto" in header, header
 
 
 def test_bad_precision_flags_are_named(cli, demo_dir: Path) -> None:
@@ -88,7 +93,7 @@ def test_emitted_code_loads_quantized_with_transformers(cli, demo_dir: Path) -> 
         "--max-memory",
         "cpu=1GiB",
         "--precisions",
-        "int8,float16",
+        "int8",  # int8 only: with float16 allowed, float16 is faster on a CPU (kernel costs)
         "--keep-at-least",
         "last=float16",
         "--emit-code",
@@ -166,3 +171,21 @@ def test_quantization_config_code_per_library() -> None:
     assert quantization_config_code({"m.0": "bf16"}) == []
     with pytest.raises(BadInputError, match="one format per model"):
         quantization_config_code({"m.0": "nf4", "m.1": "int8"})
+
+
+def test_the_reserve_is_the_joint_maps_own(cli) -> None:
+    """The 70B's bf16 plan offloads layers 1-79; its int4 plan keeps layers 0-2 on the GPU:
+    the reserve printed (and kept) is what the int4 map's layers need, not the bf16 map's."""
+    from workbench.runtime.planning import MemoryOptions, device_reserves
+
+    code, out, err = cli(
+        "plan", "llama-3.1-70b", "--profile", "rtx4090-64gb", "--precisions", "int4,bf16",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    needed = device_reserves(open_model("llama-3.1-70b"), data["device_map"], MemoryOptions())
+    assert data["reserve_why"] == {str(device): r.why for device, r in needed.items()}
+    assert {str(k): v for k, v in data["reserve"].items()} == {
+        str(device): r.nbytes for device, r in needed.items()
+    }

@@ -40,3 +40,20 @@ def test_a_profile_with_zero_bandwidth_exits_2(cli, tmp_path) -> None:
     code, out, err = cli("plan", "tiny-llama-demo", "--profile", str(path))
     assert (code, out) == (2, "")
     assert "'disk_read_gbps' must be a number above 0" in err
+
+
+def test_each_profile_says_how_its_budgets_are_made(cli) -> None:
+    from workbench.models.hardware import load_profile
+
+    code, out, _ = cli("profiles", "2x-h100-80gb")
+    assert code == 0
+    profile = load_profile("2x-h100-80gb")
+    lines = out.splitlines()
+    # each GPU: 80 GiB less the bundled safety margin (models.hardware's budget_words)
+    assert lines[1] == f"    {profile.budget_description()}"
+    assert lines[1].startswith("    budgets: cuda:0 80 GiB - ") and "margin = " in lines[1]
+    code, out, _ = cli("profiles", "cpu-laptop-16gb", "--json")
+    assert json.loads(out)[0]["budget_description"] == "budgets: full memory"
+    code, out, _ = cli("profiles")
+    detected = out.splitlines()[:2]  # its description already says how its budgets are made
+    assert detected[0].startswith("detected") and not detected[1].startswith("    budgets:")

@@ -1,8 +1,10 @@
 """The load bar against the real worker: busy while the model is built (no bytes to count),
-then the share of the checkpoint's bytes read, while the load is parked half-way."""
+then the share of the checkpoint's bytes read, while the load is parked half-way; while it
+quantizes, the weight bytes quantized, and Cancel stops the load there (the next load works)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ from workbench.gui.bridge import WorkerBridge
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
-LOAD_TIMEOUT_MS = 180_000  # a cold worker imports torch + transformers; the cores are shared
+LOAD_TIMEOUT_MS = 180_000  # a cold worker imports torch + transformers (+ torchao); shared cores
+LINEARS_PER_LAYER = 7
 
 
 @pytest.fixture
@@ -66,3 +69,55 @@ def test_the_bar_is_busy_while_building_then_counts_the_bytes_read(
         with qtbot.waitSignal(panels.controller.busy_changed, timeout=LOAD_TIMEOUT_MS):
             panels.progress_widget.cancel_button.click()
         assert not panels.controller.busy and not panels.controller.loaded
+
+
+def test_the_bar_follows_quantizing_and_cancel_stops_it(
+    stop_resource_tracker: Any,
+    main_window: Any,
+    open_in_window: Any,
+    demo_dir: Path,
+    tmp_path: Path,
+    qtbot: Any,
+) -> None:
+    open_in_window(main_window, demo_dir)
+    session = main_window.session
+    layers = json.loads((demo_dir / "config.json").read_text())["num_hidden_layers"]
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu"}
+    device_map.update({f"model.layers.{i}": "disk" for i in range(1, layers)})
+    device_map.update({"model.norm": "cpu", "lm_head": "cpu"})
+    session.set_device_map(device_map)
+    session.set_precision_map({"model.layers": "int8"})
+    panels = main_window.runtime_panels
+    panels.bridge.host.offload_root = tmp_path / "offload"
+    panels.controller.error_presenter = lambda *_: None
+    bar = panels.progress_widget.bar
+    label = panels.progress_widget.label
+    shown: list[tuple[Any, int, int, str]] = []  # (progress, bar maximum, value, label) as shown
+    panels.bridge.progress.connect(
+        lambda ev: shown.append((ev, bar.maximum(), bar.value(), label.text()))
+    )
+    tensors = len(json.loads((demo_dir / "model.safetensors.index.json").read_text())["weight_map"])
+    panels.controller.load_options = hold_options(tensors + LINEARS_PER_LAYER + 2)
+    with qtbot.waitSignal(
+        panels.bridge.phase, check_params_cb=lambda ev: ev.phase == "held", timeout=LOAD_TIMEOUT_MS
+    ):
+        panels.load_action.trigger()
+    try:
+        quantizing = [item for item in shown if item[0].phase == "quantizing"]
+        assert quantizing, [ev.phase for ev, *_ in shown]
+        last, maximum, value, text = quantizing[-1]
+        assert 0 < last.bytes_done < last.bytes_total
+        assert maximum == 1000 and value == round(last.bytes_done / last.bytes_total * 1000)
+        assert text.startswith("quantizing") and "k_proj" in text, text
+        assert panels.progress_widget.cancel_button.isEnabled()
+    finally:  # a failed check must not leave the worker parked
+        with qtbot.waitSignal(panels.controller.busy_changed, timeout=LOAD_TIMEOUT_MS):
+            panels.progress_widget.cancel_button.click()
+    assert not panels.controller.busy and not panels.controller.loaded
+    assert panels.progress_widget.label.text() == "load cancelled"
+
+    panels.controller.load_options = {}
+    with qtbot.waitSignal(panels.controller.busy_changed, timeout=LOAD_TIMEOUT_MS):
+        panels.load_action.trigger()
+    qtbot.waitUntil(lambda: not panels.controller.busy, timeout=LOAD_TIMEOUT_MS)
+    assert panels.controller.loaded

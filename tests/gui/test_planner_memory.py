@@ -36,9 +36,10 @@ def test_each_lane_shows_its_own_reserve_and_apply_keeps_them(qtbot, main_window
     _memory_mode(panel, 16384)
     window.budget_editor.budgets_edited.emit({0: 12 * GIB, 1: 12 * GIB, "cpu": 64 * GIB})
     # everything on cuda:0: all 32 caches, 32 * 16384 * 8 * 256 * 2 B = 2 GiB, and the
-    # activation peak of a 16k prefill, 512 MiB + 1344 MiB (see runtime's tests)
+    # activation peak of a 16k prefill, 512 MiB + 1344 MiB (see runtime's tests; activation_peak
+    # may add small terms: within 1%)
     lane0 = window.lanes.lane(0)
-    assert lane0.state.reserve_bytes == 2 * GIB + 1856 * MIB
+    assert lane0.state.reserve_bytes == pytest.approx(2 * GIB + 1856 * MIB, rel=0.01)
     assert window.lanes.lane(1).state.reserve_bytes == 0  # runs no layer
     assert "layers 0-31 on cuda:0 need 2 GiB of KV cache at 16k context, fp16" in (
         lane0.bar.toolTip()
@@ -125,3 +126,81 @@ def test_config_keys_the_memory_model_does_not_know_are_named(main_window, tmp_p
     assert not note.property("warned")
     panel.context_spin.setValue(0)
     assert note.text() == "Planning for 32,768 tokens of context"
+
+
+def test_the_default_controls_are_the_clis_default_options(qtbot, clean_settings) -> None:
+    # `workbench plan MODEL` without memory flags plans with MemoryOptions(): the same numbers
+    controls = ReserveControls()
+    qtbot.addWidget(controls)
+    assert controls.memory_options() == MemoryOptions()
+    assert controls.prefill_spin.text() == "prefill = context"
+
+
+def test_the_prefill_field_shrinks_the_lane_reserve_and_is_remembered(
+    qtbot, main_window, llama_8b
+) -> None:
+    window, panel = main_window, main_window.planner_panel
+    controls = panel.reserve_controls
+    window.set_opened("llama-3.1-8b", llama_8b, {"": 0})
+    _memory_mode(panel, 32768)
+    whole = window.lanes.lane(0).state.reserve_bytes
+    with qtbot.waitSignal(controls.changed):
+        controls.prefill_spin.setValue(2048)
+    options = MemoryOptions(context=32768, kv_dtype="fp16", prefill_tokens=2048)
+    assert controls.memory_options() == options
+    (expected,) = device_reserves(llama_8b, {"": 0}, options).values()
+    lane = window.lanes.lane(0)
+    # the cache is the 32k context's, 32 x 32768 x 8 x 256 x 2 B = 4 GiB, either way; the
+    # activation peak is a 2048-token forward's, not a 32k one's
+    assert lane.state.reserve_bytes == expected.nbytes < whole
+    assert expected.kv_nbytes == 4 * GIB
+    assert "for 2k-token prefill chunks" in lane.bar.toolTip()
+    assert panel.memory_note.text() == (
+        "Planning for 32,768 tokens of context, prefill in 2,048-token chunks"
+    )
+    assert ReserveControls().memory_options() == options  # persisted in the settings
+    controls.prefill_spin.setValue(0)
+    assert ReserveControls().memory_options().prefill_tokens is None
+
+
+def test_a_restored_sessions_options_show_in_the_controls(qtbot, clean_settings) -> None:
+    controls = ReserveControls()
+    qtbot.addWidget(controls)
+    options = MemoryOptions(batch=2, context=8192, kv_dtype="int8", engine="vllm",
+                            context_cap=65536, prefill_tokens=1024)  # fmt: skip
+    with qtbot.waitSignal(controls.changed):
+        controls.set_memory_options(options)
+    assert controls.memory_options() == options
+    assert ReserveControls().memory_options() == options
+    controls.set_memory_options(None)
+    assert controls.by_bytes.isChecked() and controls.memory_options() is None
+
+
+def test_restoring_a_session_restores_its_memory_options(
+    qtbot, main_window, whatif_config: Path, test_profile, tmp_path: Path
+) -> None:
+    from workbench.runtime.session import Session
+
+    options = MemoryOptions(batch=2, context=1024, prefill_tokens=256)
+    path = Session(source=str(whatif_config), device_map={"": 0}, budgets=test_profile.budgets(),
+                   memory=options, profile=test_profile).save(tmp_path / "m.wbsession.json")  # fmt: skip
+    window = main_window
+    window.restore_session_file(path)
+    qtbot.waitUntil(lambda: window.session.tree is not None or bool(window.errors), timeout=60_000)
+    qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=10_000)
+    assert not window.errors, window.errors
+    assert window.session.memory == options and not window.session.dirty
+    reserves = window.session.device_reserves()
+    assert reserves is not None and reserves[0].why.endswith("for 256-token prefill chunks")
+    # the controls show the restored options, and an edit there reaches the session (saved)
+    assert window.planner_panel.memory_options() == options
+    window.planner_panel.context_spin.setValue(2048)
+    assert window.session.memory.context == 2048 and window.session.dirty
+
+
+def test_a_model_opened_in_the_window_keeps_the_controls_options(
+    main_window, whatif_config: Path
+) -> None:
+    window, panel = main_window, main_window.planner_panel
+    window.set_opened(str(whatif_config), open_model(str(whatif_config)), None)
+    assert window.session.memory == panel.memory_options() and not window.session.dirty

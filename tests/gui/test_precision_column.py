@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from PySide6.QtCore import Qt
 from user_input import select_rows
 
 from workbench.gui.map_io import export_device_map
 from workbench.gui.precision_column import precision_text
-from workbench.gui.tree_model import PRECISION_COLUMN, ModuleTreeModel
+from workbench.gui.tree_model import PRECISION_COLUMN, SIZE_COLUMN, ModuleTreeModel
 from workbench.runtime import load_device_map
 from workbench.runtime.session import Session, SessionFileError
 
@@ -117,3 +118,23 @@ def test_a_session_file_with_a_bad_precision_map_is_a_named_error(tmp_path) -> N
     data["precision_map"] = {"layers.0": 8}
     with pytest.raises(SessionFileError, match=r"precision map .* 'layers.0'"):
         Session.from_dict(data)
+
+
+def test_the_size_column_counts_the_precision(qtbot, precision_window) -> None:
+    """Each Linear(8, 8) weight of layers.1 at int8: 256 B -> 104 B (the lanes' arithmetic
+    above), so the layer's Size drops by 2 x 152 B and its tooltip names both figures."""
+    window = precision_window
+    model = window.tree_model
+    before = {name: model.index_of(name, SIZE_COLUMN).data() for name in ("layers.1", "layers")}
+    layer_bytes = window.session.tree.node("layers.1").nbytes
+    menu, precision_menu = _context_menu_for(window, "layers.1")
+    next(a for a in precision_menu.actions() if a.text() == "int8").trigger()
+    menu.close()
+    assert model.index_of("layers.1", SIZE_COLUMN).data() == f"{layer_bytes - 2 * 152} B"
+    assert model.index_of("layers", SIZE_COLUMN).data() != before["layers"]  # the parent too
+    assert f"({layer_bytes} B before quantization)" in model.index_of("layers.1").data(
+        Qt.ItemDataRole.ToolTipRole
+    )
+    window.undo_stack.undo()
+    assert model.index_of("layers.1", SIZE_COLUMN).data() == before["layers.1"]
+

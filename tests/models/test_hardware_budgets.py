@@ -18,7 +18,11 @@ from workbench.models.device_probe import (
     safety_margin_bytes,
 )
 from workbench.models.errors import ProfileError
-from workbench.models.hardware import HardwareProfile, detect_hardware, load_profile
+from workbench.models.hardware import (
+    detect_hardware,
+    load_profile,
+    profile_from_dict,
+)
 
 GIB = 2**30
 MIB = 2**20
@@ -76,7 +80,7 @@ def test_held_memory_and_a_margin_from_the_file_come_off_the_budget(tmp_path: Pa
     description = profile.budget_description()
     assert description.startswith("budgets: cuda:0 24 GiB - 1 GiB held - 2 GiB margin")
     assert "cpu 64 GiB - 8 GiB held = 56 GiB" in description
-    again = HardwareProfile.from_dict(profile.to_dict())
+    again = profile_from_dict(profile.to_dict())
     assert again == profile and again.budgets() == profile.budgets()
 
 

@@ -14,11 +14,11 @@ import torch
 from workbench.models import hardware
 from workbench.models.errors import ProfileError
 from workbench.models.hardware import (
-    HardwareProfile,
     detect_hardware,
     list_profiles,
     load_profile,
     profile_for_budgets,
+    profile_from_dict,
 )
 
 GIB = 2**30
@@ -212,12 +212,12 @@ def test_detected_cuda_devices_report_total_and_free(tmp_path: Path, monkeypatch
 
 def test_round_trip_through_dict() -> None:
     profile = load_profile("2x-h100-80gb")
-    again = HardwareProfile.from_dict(profile.to_dict())
+    again = profile_from_dict(profile.to_dict())
     assert again == profile and again.to_dict() == profile.to_dict()
     with pytest.raises(
         ProfileError, match="hardware profile data needs a non-empty 'devices' list"
     ):
-        HardwareProfile.from_dict({"name": "x"})
+        profile_from_dict({"name": "x"})
 
 
 def test_what_if_profile() -> None:

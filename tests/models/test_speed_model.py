@@ -1,6 +1,9 @@
-"""The speed model: golden per-layer times computed by hand, overlap, and map/profile errors."""
+"""The speed model: golden per-layer times computed by hand, overlap, pinned vs pageable
+copies, what each precision's kernel costs, and map/profile errors."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,6 +12,7 @@ from torch import nn
 from workbench.big_modeling.errors import DeviceMapError
 from workbench.models.hardware import DeviceSpec, HardwareProfile
 from workbench.models.intake import open_model
+from workbench.models.kernel_costs import DEFAULT_KERNEL_COSTS, KernelCosts, precision_kind
 from workbench.models.speed import predict_speed
 from workbench.models.tree import build_module_tree
 
@@ -48,15 +52,29 @@ def test_gpu_and_cpu_offloaded_layer_by_hand(toy_tree) -> None:
     assert first.prefill_compute_s == pytest.approx(4e-6)
     assert prediction.ttft_s == pytest.approx((4e-6 + 2e-4) + prediction.decode_s)
     assert prediction.bottleneck == "host-to-device"
+    # without prefetch the hooks copy from pageable RAM: half the pinned 10 GB/s by default
     serial = predict_speed(toy_tree, {"0": 0, "1": "cpu"}, PROFILE, prefetch=False)
-    assert serial.decode_s == pytest.approx(2.5e-6 + 2e-4 + 2.5e-6)
+    assert serial.per_layer[1].transfer_s == pytest.approx(4e-4)
+    assert serial.decode_s == pytest.approx(2.5e-6 + 4e-4 + 2.5e-6)
     assert serial.decode_s > prediction.decode_s
+
+
+def test_pageable_bandwidth_is_the_profile_figure(toy_tree) -> None:
+    measured = replace(PROFILE, host_to_device_pageable_gbps=2.0)
+    serial = predict_speed(toy_tree, {"0": 0, "1": "cpu"}, measured, prefetch=False)
+    assert serial.per_layer[1].transfer_s == pytest.approx(2e6 / 2e9)
+    # with prefetch the prefetcher pins in-memory weights once: the pinned rate
+    overlapped = predict_speed(toy_tree, {"0": 0, "1": "cpu"}, measured)
+    assert overlapped.per_layer[1].transfer_s == pytest.approx(2e6 / 10e9)
+    # disk weights are pinned afresh every forward: pageable, with or without prefetch
+    disk = predict_speed(toy_tree, {"0": 0, "1": "disk"}, measured)
+    assert disk.per_layer[1].transfer_s == pytest.approx(2e6 / 1e9 + 2e6 / 2e9)
 
 
 def test_disk_layer_reads_then_copies(toy_tree) -> None:
     prediction = predict_speed(toy_tree, {"0": 0, "1": "disk"}, PROFILE)
-    # 2e6 B / 1e9 B/s from disk + 2e6 B / 10e9 B/s to the GPU = 2.2e-3 s
-    assert prediction.per_layer[1].transfer_s == pytest.approx(2.2e-3)
+    # 2e6 B / 1e9 B/s from disk + 2e6 B / 5e9 B/s (pageable: half of pinned) = 2.4e-3 s
+    assert prediction.per_layer[1].transfer_s == pytest.approx(2.4e-3)
     assert prediction.bottleneck == "disk"
 
 
@@ -99,3 +117,48 @@ def test_layers_are_the_no_split_blocks_of_a_real_model(demo_llama_dir) -> None:
     blocks = [n.name for n in opened.tree.node("model.layers").children]
     assert names == ["model.embed_tokens", *blocks, "model.norm", "model.rotary_emb", "lm_head"]
     assert sum(layer.nbytes for layer in layers) == opened.tree.root.nbytes
+
+
+def test_a_quantized_layer_is_read_at_its_kernels_efficiency(toy_tree) -> None:
+    # layer 1 int8 (half the bytes: 1e6 B) on the CPU, whose int8 kernel reaches 0.25 of the
+    # bf16 kernel's bandwidth: 1e6 / (50e9 * 0.8 * 0.25) = 1e-4 s, twice its bf16 time 5e-5 s
+    costs = KernelCosts(cpu={"plain": 1.0, "int8": 0.25}, cuda={"plain": 1.0, "int8": 0.8})
+    sized = with_sizes(toy_tree, {"1.weight": 10**6})
+    prediction = predict_speed(
+        sized, {"": "cpu"}, PROFILE, precisions={"1": "int8"}, kernel_costs=costs
+    )
+    first, second = prediction.per_layer
+    assert first.compute_s == pytest.approx(5e-5) and first.precision == "plain"
+    assert second.compute_s == pytest.approx(1e-4) and second.precision == "int8"
+    # on the GPU the same bytes at 0.8: 1e6 / (1000e9 * 0.8 * 0.8) = 1.5625e-6 s
+    on_gpu = predict_speed(sized, {"": 0}, PROFILE, precisions={"1": "int8"}, kernel_costs=costs)
+    assert on_gpu.per_layer[1].compute_s == pytest.approx(1.5625e-6)
+    # the profile's table is the default; without a precision map every tensor is plain
+    table = replace(PROFILE, kernel_costs=costs)
+    assert predict_speed(sized, {"": "cpu"}, table, precisions={"1": "int8"}).decode_s == (
+        pytest.approx(prediction.decode_s)
+    )
+    assert predict_speed(sized, {"": "cpu"}, table).per_layer[1].compute_s == pytest.approx(2.5e-5)
+
+
+def test_documented_table_and_kinds() -> None:
+    assert [precision_kind(p) for p in ("int4-g64", "nf4-dq", "fp8", "bf16", "fp32")] == [
+        "int4",
+        "nf4",
+        "fp8",
+        "plain",
+        "plain",
+    ]
+    assert DEFAULT_KERNEL_COSTS.efficiency(0, "int8") == 0.785  # torchao's H100 table
+    assert DEFAULT_KERNEL_COSTS.efficiency("cpu", "float16") == 1.0
+    assert not DEFAULT_KERNEL_COSTS.cpu_measured
+    again = KernelCosts.from_dict(DEFAULT_KERNEL_COSTS.to_dict())
+    assert again == DEFAULT_KERNEL_COSTS
+    with pytest.raises(ValueError, match="above 0"):
+        KernelCosts.from_dict({"cpu": {"int8": 0}})
+
+
+def with_sizes(tree, sizes):
+    from workbench.runtime.precision_planning import with_tensor_sizes
+
+    return with_tensor_sizes(tree, {**tree.tensor_nbytes, **sizes})

@@ -229,3 +229,14 @@ def test_a_candidate_said_not_to_fit_has_no_fitting_partition(problem):
                 need = weights + kv * (bounds[s + 1] - bounds[s]) + fixed[s]
                 fits &= need <= budget_bytes(gpus[s])
             assert not fits, f"{candidate.label} fits with cuts {cuts}"
+
+
+def test_a_large_layer_goes_to_the_stage_with_room_for_it() -> None:
+    """Budgets 5, 5, 20: filling the first stages first (two layers on stage 0) would leave
+    the 10-byte layer for stage 1, which cannot hold it; putting it on stage 2 fits (hypothesis
+    found this shape: a 1.4 GiB layer, GPUs of 2, 2 and 3 GiB)."""
+    from workbench.runtime.cluster_partition import partition_layers
+
+    times = [[1.0] * 4] * 3
+    assert partition_layers(4, [1, 1, 10, 1], times, [0, 0, 0], [0.0] * 3, [5, 5, 20]) == [1, 1, 2]
+    assert partition_layers(4, [1, 1, 10, 1], times, [0, 0, 0], [0.0] * 3, [5, 5, 5]) is None

@@ -128,3 +128,23 @@ def test_the_table_has_every_profile_including_the_users(
     assert "2 GiB held" in mine["budget_description"]
     with pytest.raises(KeyError, match="no cell for profile 'nope' at 4096 tokens"):
         table.cell("nope", 4096)
+
+
+def test_chunked_prefill_lets_the_4090_run_layers_at_128k(llama8b) -> None:
+    from workbench.runtime.planning import MemoryOptions, device_reserves
+
+    whole = fit_cell(llama8b, load_profile("rtx4090-64gb"), 131072)
+    chunked = fit_cell(llama8b, load_profile("rtx4090-64gb"), 131072, prefill_tokens=2048)
+    # a 128k prefill in one forward needs the 16 GiB cache plus 14.5 GiB of activations
+    # (residual 4 x 131072 x 4096 x 2 B = 4 GiB, MLP 3 x 131072 x 14336 x 2 B = 10.5 GiB): more
+    # than the 4090's 23 GiB; in 2k chunks the activations are 64x smaller and layers fit beside
+    assert whole.status == CPU_ONLY
+    assert chunked.status == PARTIAL and 0 < chunked.gpu_layers < 32
+    expected = device_reserves(
+        llama8b, chunked.device_map, MemoryOptions(context=131072, prefill_tokens=2048)
+    )
+    assert chunked.reserve == {d: r.nbytes for d, r in expected.items()}
+    assert chunked.reserve[0] - 16 * GIB == expected[0].activation_nbytes < GIB
+    assert chunked.why[0].endswith("for 2k-token prefill chunks")
+    table = fit_table(llama8b, [load_profile("rtx4090-64gb")], [131072], prefill_tokens=2048)
+    assert table.cells == (chunked,) and table.to_dict()["prefill_tokens"] == 2048

@@ -15,10 +15,10 @@ from workbench.big_modeling.progress import CancelToken, LoadProgress
 from workbench.runtime.jobs import (
     JobRunner,
     ObservedLoad,
-    ProgressThrottle,
     import_load_observer,
     iter_job,
 )
+from workbench.runtime.progress_throttle import ProgressThrottle
 from workbench.runtime.protocol import (
     Event,
     Failed,

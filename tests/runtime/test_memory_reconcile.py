@@ -90,8 +90,9 @@ def test_load_and_run_in_a_worker_measure_weights_exactly(
         assert run_cpu is not None and run_disk is not None
         assert run_cpu.measured_weights_bytes == cpu_nbytes  # disk weights went back to meta
         disk_layers = sum(1 for device in cpu_disk_map.values() if device == "disk")
-        # KV cache + activations, and one disk layer's weights brought in for its forward
-        assert run_cpu.predicted_reserve_bytes > disk_nbytes // disk_layers
+        # KV cache + activations; a disk layer's weights are mapped from the offload folder
+        # for its forward (file pages, no copy), so no room is predicted for them
+        assert 0 < run_cpu.predicted_reserve_bytes < disk_nbytes // disk_layers
         assert run_cpu.measured_bytes is not None and run_cpu.measured_bytes >= cpu_nbytes
         # every forward read each disk layer's weights from the offload folder
         forwards = result.new_tokens
@@ -172,7 +173,7 @@ def test_offloaded_blocks_are_staged_on_the_device_that_runs_them() -> None:
     gpu_map = {"embed": 0, "layers.0": "cpu", "layers.1": "disk", "head": 0}
     assert offload_staging_bytes(sizes, gpu_map) == {"cuda:0": 30}  # cpu blocks move too
     cpu_map = {"embed": "cpu", "layers.0": "cpu", "layers.1": "disk", "head": "cpu"}
-    assert offload_staging_bytes(sizes, cpu_map) == {"cpu": 20}  # only disk blocks move
+    assert offload_staging_bytes(sizes, cpu_map) == {}  # disk blocks are mapped, not copied
     assert offload_staging_bytes(sizes, {"": "cpu"}) == {}
 
 

@@ -11,7 +11,13 @@ from workbench.cli import main
 from workbench.commands import plan as plan_command
 from workbench.models.intake import open_model
 from workbench.runtime import planning
-from workbench.runtime.planning import activation_reserve, plan_opened_model, planning_dtype
+from workbench.runtime.planning import (
+    MemoryOptions,
+    activation_reserve,
+    execution_reserve,
+    plan_opened_model,
+    planning_dtype,
+)
 from workbench.runtime.strategy_compare import PlanRequest, run_comparison
 
 
@@ -21,7 +27,11 @@ def test_the_cli_and_the_comparison_plan_the_same_map(
 ) -> None:
     opened = open_model(demo_dir)
     layer = opened.tree.node("model.layers.0").nbytes
-    budgets: dict[int | str, int] = {"cpu": int(2.5 * layer), "disk": 2**30}
+    # no memory flags: the CLI plans with the GUI's default options (MemoryOptions()), so the
+    # cpu keeps the reserve of every layer it runs free beside about two layers
+    memory = MemoryOptions()
+    reserve = execution_reserve(opened, memory)
+    budgets: dict[int | str, int] = {"cpu": int(2.5 * layer) + reserve, "disk": 2**30}
     assert main(["plan", str(demo_dir), "--max-memory", f"cpu={budgets['cpu']}", "disk=1GiB",
                  "--strategy", strategy, "--json"]) == 0  # fmt: skip
     from_cli = json.loads(capsys.readouterr().out)
@@ -35,13 +45,15 @@ def test_the_cli_and_the_comparison_plan_the_same_map(
         no_split=list(opened.no_split_modules),
         strategies=(strategy,),
         opened=opened,
+        memory=memory,
     )
     (candidate,) = run_comparison(request)
     assert candidate.error == ""
     assert candidate.plan.device_map == from_cli["device_map"]
-    direct = plan_opened_model(opened, max_memory=budgets, strategy=strategy)
+    direct = plan_opened_model(opened, max_memory=budgets, strategy=strategy, memory=memory)
     assert direct.device_map == from_cli["device_map"]
     assert {str(d): n for d, n in direct.per_device_bytes.items()} == from_cli["per_device_bytes"]
+    assert from_cli["reserve"] == {"cpu": reserve} == {str(d): n for d, n in direct.reserve.items()}
     assert set(direct.device_map.values()) == {"cpu", "disk"}  # the budget forces an offload
 
 

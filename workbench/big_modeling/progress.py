@@ -15,7 +15,8 @@ from workbench.big_modeling.errors import LoadCancelled
 
 @dataclass(frozen=True)
 class LoadProgress:
-    """One progress report. ``phase`` is ``"building"``, ``"loading"`` or ``"dispatching"``."""
+    """One progress report. ``phase`` is ``"building"``, ``"loading"``, ``"quantizing"`` or
+    ``"dispatching"``."""
 
     bytes_done: int
     bytes_total: int

@@ -4,7 +4,9 @@ The table of the GUI's Tools > What fits where: per profile (bundled and the use
 ones named with ``--profile``) and context (4k, 32k, 128k and the model's maximum, or
 ``--context``), whether the model runs on the GPUs, partly offloaded, on the CPU only or not at
 all, with the predicted decode tokens/s and time to first token
-(``workbench.runtime.fit_table``). ``--json`` prints the same table for scripts.
+(``workbench.runtime.fit_table``). ``--prefill-tokens N`` sizes the activation reserve for an
+engine that prefills in chunks of N tokens (the default is one prefill of the whole context).
+``--json`` prints the same table for scripts.
 
 Torch comes in only when the command runs: the CLI imports this module to build its parser.
 """
@@ -42,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="TOKENS",
         help="these context lengths instead of 4k 32k 128k and the model's maximum",
     )
+    parser.add_argument(
+        "--prefill-tokens",
+        type=int,
+        metavar="N",
+        help="plan the activation reserve for prefill chunks of N tokens (engines with chunked "
+        "prefill: vLLM, llama.cpp); default: a prefill of the whole context",
+    )
     parser.add_argument("--dtype", help="dtype the weights will be loaded in (default: as stored)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.set_defaults(func=run)
@@ -53,11 +62,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.context and min(args.context) < 1:
         raise BadInputError(f"--context must be at least 1 token, got {min(args.context)}")
+    if args.prefill_tokens is not None and args.prefill_tokens < 1:
+        raise BadInputError(f"--prefill-tokens must be at least 1, got {args.prefill_tokens}")
     profiles = [load_profile(name) for name in args.profile] if args.profile else list_profiles()
     opened = open_with_progress(args.source, dtype=args.dtype, quiet=args.json)
     contexts = args.context or fit_contexts(opened)
     with stage_progress(len(profiles) * len(contexts), quiet=args.json, desc="fitting") as bar:
-        table = fit_table(opened, profiles, contexts, on_cell=lambda _cell: bar.update(1))
+        table = fit_table(
+            opened,
+            profiles,
+            contexts,
+            on_cell=lambda _cell: bar.update(1),
+            prefill_tokens=args.prefill_tokens,
+        )
     if args.json:
         json.dump({"source": args.source, **table.to_dict()}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -74,7 +91,9 @@ def fit_lines(table: Any) -> list[str]:
     contexts = " ".join(context_label(c) for c in table.contexts)
     count = len(table.profiles)
     rows = f"{count} profile{'' if count == 1 else 's'}"
-    lines = [f"fit        {table.model}: {rows} x contexts {contexts}"]
+    chunks = table.prefill_tokens
+    prefill = "" if chunks is None else f", prefill in {context_label(chunks)}-token chunks"
+    lines = [f"fit        {table.model}: {rows} x contexts {contexts}{prefill}"]
     lines.extend(f"warning    {message}" for message in table.warnings)
     for profile in table.profiles:
         lines.append(f"{profile.name:<22} {profile.budget_description()}")

@@ -5,11 +5,16 @@ what-if machine; ``--max-memory`` entries override it), or, with neither, from t
 free memory. ``--emit-code`` prints the equivalent ``from_pretrained`` call. The plan is the
 planner panel's: ``workbench.runtime.planning.plan_opened_model``.
 
-``--reserve auto`` (implied by ``--context``, ``--batch``, ``--kv-dtype``, ``--kv-engine``)
-plans with the memory model: each device keeps free the KV cache of the layers it runs plus
+By default the plan keeps the memory model's reserve, with the GUI's default options (batch 1,
+the model's maximum context capped at 32768 tokens, the weights' dtype for the cache, one
+prefill of the whole context): each device keeps free the KV cache of the layers it runs plus
 their activation peak (``runtime.planning.device_reserves``, the numbers the GUI's lanes
-show), and the output says why per device. Config keys the memory model does not understand
-are printed as warnings (it then counts those layers as dense attention).
+show), and the output says why per device. ``--context``, ``--batch``, ``--kv-dtype``,
+``--kv-engine``, ``--context-cap`` and ``--prefill-tokens`` change those options;
+``--reserve DEVICE=SIZE`` keeps fixed bytes instead, and ``--no-reserve`` keeps nothing free,
+as ``infer_auto_device_map`` does. Config keys the memory model does not understand are printed
+as warnings (it then counts those layers as dense attention); a model it cannot read at all is
+planned without a reserve, with a warning, unless a memory flag asked for one.
 
 Torch comes in only when the command runs: the CLI imports this module to build its parser.
 """
@@ -17,6 +22,7 @@ Torch comes in only when the command runs: the CLI imports this module to build 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import warnings
@@ -30,12 +36,15 @@ from workbench.commands.plan_precisions import (
     precision_code,
     precision_document,
     precision_lines,
+    settle_joint_reserves,
+    sizes_words,
 )
 from workbench.runtime import BadInputError
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # runtime.planning's (torch)
 KV_DTYPES = ("model", "fp16", "bf16", "fp8", "int8")  # runtime.planning's (torch)
 KV_ENGINES = ("transformers", "transformers-4", "vllm", "sglang")  # runtime.planning's
+DEFAULT_CONTEXT_CAP = 32768  # runtime.planning's, the GUI's "cap" default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,33 +68,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         metavar="DEVICE=SIZE",
         default=[],
-        help="memory kept free for activations, e.g. 0=2GiB; 'auto': the memory model, per "
-        "device, the KV cache of the layers it runs plus their activation peak",
+        help="memory kept free for activations, e.g. 0=2GiB, instead of the memory model's "
+        "reserve; 'auto' (the default): per device, the KV cache of the layers it runs plus "
+        "their activation peak",
+    )
+    parser.add_argument(
+        "--no-reserve",
+        action="store_true",
+        help="keep nothing free for the KV cache and activations (infer_auto_device_map's plan)",
     )
     parser.add_argument(
         "--context",
         type=int,
-        help="tokens the KV cache holds (implies --reserve auto; default: the model's "
-        "max_position_embeddings, at most --context-cap)",
+        help="tokens the KV cache holds (default: the model's max_position_embeddings, at "
+        "most --context-cap)",
     )
     parser.add_argument(
         "--context-cap",
         type=int,
-        default=32768,
         help="cap on the model's maximum context when --context is not given (default 32768)",
     )
-    parser.add_argument(
-        "--batch", type=int, help="sequences generated together (implies --reserve auto; 1)"
-    )
+    parser.add_argument("--batch", type=int, help="sequences generated together (default 1)")
     parser.add_argument(
         "--kv-dtype",
         choices=KV_DTYPES,
-        help="KV cache dtype (implies --reserve auto; default 'model': the weights' dtype)",
+        help="KV cache dtype (default 'model': the weights' dtype)",
     )
     parser.add_argument(
         "--kv-engine",
         choices=KV_ENGINES,
-        help="whose MLA cache layout to count (implies --reserve auto; default transformers)",
+        help="whose MLA cache layout to count (default transformers)",
+    )
+    parser.add_argument(
+        "--prefill-tokens",
+        type=int,
+        metavar="N",
+        help="tokens one prefill forward processes, which sets the activation reserve: an "
+        "engine's chunk size (vLLM, llama.cpp: 512-8192); default: the whole context",
     )
     parser.add_argument("--profile", help="hardware profile (see `workbench profiles`)")
     parser.add_argument("--dtype", help="dtype the weights will be loaded in (default: as stored)")
@@ -140,8 +159,10 @@ def run(args: argparse.Namespace) -> int:
     from workbench.runtime import save_device_map  # noqa: PLC0415 (torch: not at CLI start)
     from workbench.runtime.planning import (  # noqa: PLC0415 (torch: not at CLI start)
         AttentionKindWarning,
+        attention_layout,
         plan_opened_model,
     )
+    from workbench.runtime.precision_planning import PrecisionPlanning  # noqa: PLC0415 (torch: not at CLI start)
 
     if args.prompt_tokens < 1:
         raise BadInputError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
@@ -154,9 +175,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         profile = detect_hardware()
         budgets = profile.budgets()
-    memory = _memory_options(args)
+    memory, asked = _memory_options(args)
     opened = open_with_progress(args.source, dtype=args.dtype, quiet=args.json)
     reserve = {} if memory is not None else parse_device_sizes(args.reserve, "--reserve")
+    unread: list[str] = []
+    if memory is not None and not asked:
+        try:  # the default reserve: as the planner panel, none for a config it cannot read
+            attention_layout(opened)
+        except (ValueError, TypeError, AttributeError) as exc:
+            memory = None
+            unread.append(f"no memory model for {opened.label} ({exc}); planned without a reserve")
     with stage_progress(1, quiet=args.json, desc="planning") as bar:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", AttentionKindWarning)
@@ -164,10 +192,15 @@ def run(args: argparse.Namespace) -> int:
                 opened, max_memory=budgets, strategy=args.strategy, reserve=reserve, memory=memory
             )
         bar.update(1)
-    noted = list(dict.fromkeys(str(w.message) for w in caught))
+    noted = unread + list(dict.fromkeys(str(w.message) for w in caught))
     reserve = dict(plan.reserve) if memory is not None else reserve
     speed_profile = profile_for_budgets(budgets, base=profile)
     joint = plan_precisions(args, opened, budgets, reserve, speed_profile)
+    if isinstance(joint, PrecisionPlanning) and memory is not None:
+        joint, reserve, why = settle_joint_reserves(
+            args, opened, budgets, speed_profile, memory, joint
+        )
+        plan = dataclasses.replace(plan, reserve=reserve, reserve_why=why)
     plan = as_plan_result(plan, joint) if joint else plan
     if args.output:
         save_device_map(args.output, plan.device_map)
@@ -194,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
         json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    for line in plan_lines(opened, plan, budgets, reserve, args.strategy):
+    sized_at = sizes_words(opened, joint) if joint else None
+    for line in plan_lines(opened, plan, budgets, reserve, args.strategy, sized_at=sized_at):
         print(line)
     for line in precision_lines(joint) if joint else []:
         print(line)
@@ -211,37 +245,58 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _memory_options(args: argparse.Namespace) -> Any:
-    """``MemoryOptions`` for ``--reserve auto`` or any memory-model flag, else ``None``.
+def _memory_options(args: argparse.Namespace) -> tuple[Any, bool]:
+    """The memory model's ``MemoryOptions`` (the GUI's defaults, changed by the memory flags),
+    or ``None`` with ``--reserve DEVICE=SIZE`` or ``--no-reserve``; and whether a flag asked
+    for the memory model (``--reserve auto`` or a memory flag).
 
     Raises:
-        BadInputError: ``--reserve auto`` mixed with sizes, or a non-positive figure.
+        BadInputError: ``--reserve auto`` mixed with sizes, memory flags with sizes or with
+            ``--no-reserve``, or a non-positive figure.
     """
     from workbench.runtime.planning import MemoryOptions  # noqa: PLC0415 (torch: not at CLI start)
 
-    flags = (args.context, args.batch, args.kv_dtype, args.kv_engine)
+    flags = {
+        "--context": args.context,
+        "--batch": args.batch,
+        "--kv-dtype": args.kv_dtype,
+        "--kv-engine": args.kv_engine,
+        "--context-cap": args.context_cap,
+        "--prefill-tokens": args.prefill_tokens,
+    }
+    given = [flag for flag, value in flags.items() if value is not None]
     auto = "auto" in args.reserve
     if auto and args.reserve != ["auto"]:
         raise BadInputError("--reserve takes 'auto' or DEVICE=SIZE items, not both")
-    if not auto and all(flag is None for flag in flags):
-        return None
+    if args.no_reserve and (given or args.reserve):
+        named = ", ".join([*given, "--reserve"] if args.reserve else given)
+        raise BadInputError(f"--no-reserve plans without a reserve; drop it or {named}")
     if args.reserve and not auto:
-        raise BadInputError(
-            "--context, --batch, --kv-dtype and --kv-engine plan the reserve with the memory "
-            "model; drop --reserve DEVICE=SIZE or those flags"
-        )
-    return MemoryOptions(
+        if given:
+            raise BadInputError(
+                f"{', '.join(given)} plan the reserve with the memory model; drop --reserve "
+                "DEVICE=SIZE or those flags"
+            )
+        return None, False
+    if args.no_reserve:
+        return None, False
+    options = MemoryOptions(
         batch=1 if args.batch is None else args.batch,
         context=args.context,
         kv_dtype=args.kv_dtype or "model",
         engine=args.kv_engine or "transformers",
-        context_cap=args.context_cap,
+        context_cap=DEFAULT_CONTEXT_CAP if args.context_cap is None else args.context_cap,
+        prefill_tokens=args.prefill_tokens,
     )
+    return options, auto or bool(given)
 
 
 def _memory_document(opened: Any, memory: Any) -> dict[str, Any] | None:
     """What the memory model planned for (``None`` without it), with the resolved context."""
-    from workbench.runtime.planning import planned_context  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.planning import (  # noqa: PLC0415 (torch: not at CLI start)
+        planned_context,
+        planned_prefill,
+    )
 
     if memory is None:
         return None
@@ -251,6 +306,7 @@ def _memory_document(opened: Any, memory: Any) -> dict[str, Any] | None:
         "context_cap": memory.context_cap,
         "kv_dtype": memory.kv_dtype,
         "engine": memory.engine,
+        "prefill_tokens": planned_prefill(opened, memory),
     }
 
 
@@ -260,8 +316,10 @@ def plan_lines(
     budgets: dict[int | str, int],
     reserve: dict[int | str, int],
     strategy: str,
+    sized_at: str | None = None,
 ) -> list[str]:
-    """Per-device totals: used / budget, the modules placed, reserve."""
+    """Per-device totals: used / budget, the modules placed, reserve. ``sized_at`` says what the
+    bytes are counted at when not the model's dtype (``plan_precisions.sizes_words``)."""
     from workbench.runtime import (  # noqa: PLC0415 (torch: not at CLI start)
         device_label,
         device_sort_key,
@@ -272,7 +330,7 @@ def plan_lines(
 
     total = sum(plan.per_device_bytes.values())
     lines = [
-        f"plan       {opened.label}: {format_nbytes(total)} ({dtype_name(planning_dtype(opened))}), "
+        f"plan       {opened.label}: {format_nbytes(total)} ({sized_at or dtype_name(planning_dtype(opened))}), "
         f"strategy {strategy}, {len(plan.device_map)} map entries"
     ]
     by_device: dict[int | str, list[str]] = {}

@@ -101,11 +101,67 @@ def plan_precisions(
     )
 
 
+def settle_joint_reserves(
+    args: argparse.Namespace,
+    opened: Any,
+    budgets: dict[int | str, int],
+    profile: Any,
+    memory: Any,
+    joint: Any,
+) -> tuple[Any, dict[Any, int], dict[Any, str]]:
+    """Re-plan a joint plan until each device's reserve is what the joint map itself needs
+    (its layers' KV cache and activations, ``device_reserves``), as the GUI's comparison does
+    (``precision_session.plan_joint``); the first pass used the plain-dtype plan's reserves.
+
+    Returns:
+        The settled joint plan, its reserve per device and the reserve's "why" per device.
+    """
+    from workbench.runtime.planning import device_reserves  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.precision_session import MAX_RESERVE_PASSES  # noqa: PLC0415 (torch: not at CLI start)
+
+    kept: dict[Any, int] = {}
+    why: dict[Any, str] = {}
+    for _ in range(MAX_RESERVE_PASSES):
+        needed = device_reserves(opened, joint.plan.device_map, memory)
+        settled = {device: r.nbytes for device, r in needed.items()}
+        why = {device: r.why for device, r in needed.items()}
+        if settled == kept:
+            break
+        kept = settled
+        joint = plan_precisions(args, opened, budgets, kept, profile)
+    return joint, kept, why
+
+
 def as_plan_result(plan: Any, joint: Any) -> Any:
     """``plan`` (a ``PlanResult``) with the joint plan's device map and per-device bytes."""
     return dataclasses.replace(
         plan, device_map=joint.plan.device_map, per_device_bytes=joint.plan.per_device_bytes
     )
+
+
+def sizes_words(opened: Any, joint: Any) -> str:
+    """What the plan's bytes are counted at, for the text output's first line:
+    ``"int4-g128 on 79 layers, int8 on 1; bfloat16 elsewhere"`` for a joint plan, the stored
+    format for a checkpoint stored quantized (never the model's dtype alone: the total is not
+    that dtype's size)."""
+    from workbench.runtime import dtype_name  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.planning import planning_dtype  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.prequantized_planning import PrequantizedPlanning  # noqa: PLC0415 (torch: not at CLI start)
+
+    if isinstance(joint, PrequantizedPlanning):
+        return f"stored {joint.stored.config.summary()}"
+    dtype = dtype_name(planning_dtype(opened))
+    counts: dict[str, int] = {}
+    for precision in joint.plan.precision_map.values():
+        counts[precision] = counts.get(precision, 0) + 1
+    if set(counts) <= {dtype}:
+        return dtype
+    ordered = sorted(counts.items(), key=lambda item: -item[1])
+    runs = [
+        f"{name} on {count} layer{'s' * (count != 1)}" if index == 0 else f"{name} on {count}"
+        for index, (name, count) in enumerate(ordered)
+    ]
+    return f"{', '.join(runs)}; {dtype} elsewhere"
 
 
 def precision_lines(joint: Any) -> list[str]:

@@ -42,14 +42,20 @@ def run(args: argparse.Namespace) -> int:
 def _profile_data(profile: Any) -> dict[str, Any]:
     data = profile.to_dict()
     data["source"] = str(profile.source) if profile.source else None
+    data["budget_description"] = profile.budget_description()
     return data
 
 
 def profile_lines(profile: Any, *, detailed: bool = False) -> list[str]:
-    """A profile as text: a title line and, per device, memory and speeds."""
+    """A profile as text: a title line, how its budgets are made (``budget_description``:
+    ``"budgets: cuda:0 24 GiB - 1004 MiB margin = 23 GiB"``) and, per device, memory and
+    speeds."""
     from workbench.runtime import device_label, format_nbytes  # noqa: PLC0415 (torch: not at CLI start)
 
     lines = [f"{profile.name:<22} {profile.description}"]
+    budgets = profile.budget_description()
+    if budgets not in profile.description:  # the detected profile's description says it
+        lines.append(f"    {budgets}")
     for spec in profile.devices:
         memory = format_nbytes(spec.memory_bytes)
         if spec.free_bytes is not None:

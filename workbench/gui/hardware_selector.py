@@ -68,7 +68,10 @@ class HardwareSelector(QComboBox):
             for profile in self._profiles:
                 label = "This machine (detected)" if profile.name == DETECTED else profile.name
                 self.addItem(label, profile.name)
-                self.setItemData(self.count() - 1, profile.description, Qt.ItemDataRole.ToolTipRole)
+                budgets = profile.budget_description()
+                tip = profile.description  # the detected one's says how its budgets are made
+                tip += "" if budgets in tip else f"\n{budgets}"
+                self.setItemData(self.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
             if current_name is not None:
                 self.select_name(current_name)
 

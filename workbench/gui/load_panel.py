@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 ErrorPresenter = Callable[[str, str, str], None]  # (title, message, details)
 _BAR_STEPS = 1000
-_BYTE_PHASES = ("loading", "offloading")  # the phases whose Progress counts bytes read
+# the phases whose Progress counts bytes: read, or (quantizing) weights quantized so far
+_BYTE_PHASES = ("loading", "offloading", "quantizing")
 FULL_BAR_MS = 1500  # a finished load leaves the bar at 100% this long, so the user sees it
 
 

@@ -87,14 +87,20 @@ from workbench.runtime import dtype_name, normalize_device
 from workbench.runtime.formatting import format_nbytes, format_param_count
 from workbench.runtime.load_check import LoadCheck, check_load
 from workbench.runtime.map_edits import MoveRefused
-from workbench.runtime.precision_session import planned_tree
+from workbench.runtime.precision_session import planned_nbytes, planned_tree
 from workbench.runtime.session import Session, SessionChange
 from workbench.wording import plural
 
 logger = logging.getLogger(__name__)
 # the session changes the lanes and the status bar show
 _REFRESHING_CHANGES = (
-    "device_map", "budgets", "reserve", "profile", "opened", "restored", "precision_map"
+    "device_map",
+    "budgets",
+    "reserve",
+    "profile",
+    "opened",
+    "restored",
+    "precision_map",
 )
 
 
@@ -196,9 +202,7 @@ class MainWindow(QMainWindow):
         self._session_signals = _SessionSignals(self)
         self._session_signals.changed.connect(self._on_session_changed)
         self.undo_stack.cleanChanged.connect(self._on_undo_clean_changed)
-        self.tree_view.selectionModel().selectionChanged.connect(
-            lambda *_: self.refresh_actions()
-        )
+        self.tree_view.selectionModel().selectionChanged.connect(lambda *_: self.refresh_actions())
         self.tree_view.customContextMenuRequested.connect(self._show_tree_context_menu)
         self._unsubscribe = self.session.subscribe(self._session_signals.changed.emit)
         self.lanes.move_refused.connect(self._on_lanes_move_refused)
@@ -387,6 +391,7 @@ class MainWindow(QMainWindow):
         self.planner_panel.set_model(opened)
         if not restoring:
             self.session.set_reserve(self.planner_panel.reserve_bytes(), reason="open")
+            self.session.set_memory(self.planner_panel.memory_options(), reason="open")
         first = next(iter(self.session.budgets), "cpu")
         self.session.set_device_map(device_map or {"": first}, reason="open")
         self.session.mark_clean()
@@ -524,7 +529,9 @@ class MainWindow(QMainWindow):
         if change.what == "opened":
             self.tree_model.set_tree(self.session.tree, self.session.device_map, gguf=self._gguf())
         if change.what in ("precision_map", "opened", "restored"):
-            self.tree_model.set_precision_map(self.session.precision_map)
+            self.tree_model.set_precision_map(
+                self.session.precision_map, planned_nbytes(self.session)
+            )
             self.tree_view.viewport().update()  # rows below the top level show it too
         if change.what in _REFRESHING_CHANGES:
             self.refresh()
@@ -532,6 +539,9 @@ class MainWindow(QMainWindow):
         if change.what in ("budgets", "profile", "restored"):
             self.planner_panel.sync_from_session()
             self.hardware.remember_hardware()
+        if change.what == "memory" and change.reason == "restore" and self.session.memory:
+            # a saved session's memory options (files from before them hold none)
+            self.planner_panel.reserve_controls.set_memory_options(self.session.memory)
         if change.what == "dirty":
             if not self.session.dirty:  # saved: undoing from here makes it dirty again
                 self.undo_stack.setClean()

@@ -41,8 +41,9 @@ EXPLANATION = (
     "Predicted: the weights the map places on each device, plus for a run the memory model's "
     "KV cache and activation peak at the run's tokens and the largest offloaded block.\n"
     "Measured: what stays resident after a load, the peak during a run. CUDA: the allocator; "
-    "CPU: the anonymous RSS the load added, plus weights memory-mapped from files; disk: the "
-    "offload files, and the bytes read."
+    "CPU: the anonymous RSS the load added once the empty model and the tokenizer were built, "
+    "plus weights memory-mapped from files (the runtime overhead before the tensors is in the "
+    "notes, in no total); disk: the offload files, and the bytes read."
 )
 _NUMERIC = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
 
@@ -160,6 +161,11 @@ def _row_tooltip(row: DeviceMemory) -> str:  # one device's column
             f"worker anonymous RSS {format_nbytes(row.process_bytes)}, of which "
             f"{format_nbytes(row.baseline_bytes)} was there before the tensors loaded"
         )
+        if row.runtime_bytes is not None:
+            lines.append(
+                f"runtime overhead (imports, empty model, tokenizer), in no total: "
+                f"{format_nbytes(row.runtime_bytes)}"
+            )
     elif row.process_bytes is not None:
         lines.append(f"allocated at the end: {format_nbytes(row.process_bytes)}")
     if row.read_bytes:

@@ -210,6 +210,7 @@ class PlannerPanel(QWidget):
         opened = self.window_.session.opened
         self.reserve_controls.update_note(opened)
         if opened is not None:
+            self.window_.session.set_memory(self.memory_options(), reason="reserve options")
             self.window_.refresh()
         self._update_apply_buttons()
 

@@ -2,16 +2,20 @@
 
 With "memory model" each device keeps free the KV cache of the layers it runs plus their
 activation peak, for ``batch`` sequences of ``context`` tokens (at its minimum the spin box
-means the model's ``max_position_embeddings`` capped by ``cap``), a KV dtype and, for MLA
-models, an engine (``runtime.planning.MemoryOptions``). With "bytes" the execution device keeps
-a fixed reserve. The controls are remembered in ``QSettings`` (``settings.planner_memory``);
-``changed`` fires on every edit. A note line under the controls names the context planned
-for, or the config keys the memory model did not understand (those layers count as dense).
+means the model's ``max_position_embeddings`` capped by ``cap``), a KV dtype, for MLA models an
+engine, and the tokens of one prefill forward (``prefill``; at its minimum the whole context,
+else an engine's chunk size) (``runtime.planning.MemoryOptions``). With "bytes" the execution
+device keeps a fixed reserve. The controls are remembered in ``QSettings``
+(``settings.planner_memory``); ``changed`` fires on every edit; ``set_memory_options`` shows a
+restored session's options. A note line under the controls names the context (and prefill
+chunk) planned for, or the config keys the memory model did not understand (those layers count
+as dense).
 
 Example:
     >>> controls = ReserveControls()  # doctest: +SKIP
     >>> controls.memory_options()  # doctest: +SKIP
-    MemoryOptions(batch=1, context=None, kv_dtype='model', engine='transformers', ...)
+    MemoryOptions(batch=1, context=None, kv_dtype='model', engine='transformers', ...,
+    prefill_tokens=None)
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from workbench.runtime.planning import (
     MemoryOptions,
     attention_layout,
     planned_context,
+    planned_prefill,
 )
 
 GIB = 1024**3
@@ -51,11 +56,13 @@ MEMORY_DEFAULTS = {
     "context_cap": DEFAULT_CONTEXT_CAP,
     "kv_dtype": "model",
     "kv_engine": "transformers",
+    "prefill_tokens": 0,  # 0: the whole context in one forward
 }
 
 
 class ReserveControls(QWidget):
-    """Memory model (batch, context, cap, KV dtype, engine) or bytes; ``changed`` on edits."""
+    """Memory model (batch, context, cap, KV dtype, engine, prefill) or bytes; ``changed`` on
+    edits."""
 
     changed = Signal()
 
@@ -64,7 +71,8 @@ class ReserveControls(QWidget):
         self.by_model = QRadioButton("memory model", self)
         self.by_model.setToolTip(
             "Each device keeps free the KV cache of the layers it runs plus their activation "
-            "peak (a prefill filling the context); the lanes show the same figures"
+            "peak (a prefill of the whole context, or of one chunk); the lanes show the same "
+            "figures"
         )
         self.by_bytes = QRadioButton("bytes", self)
         self.by_bytes.setToolTip("A fixed reserve on the execution device")
@@ -83,6 +91,15 @@ class ReserveControls(QWidget):
         self.context_cap_spin = _spin(self, 1, MAX_CONTEXT, DEFAULT_CONTEXT_CAP, "cap ")
         self.context_cap_spin.setSingleStep(1024)
         self.context_cap_spin.setToolTip("The most context 'model max' plans for")
+        self.prefill_spin = _spin(self, 0, MAX_CONTEXT, 0, "prefill ")
+        self.prefill_spin.setSpecialValueText("prefill = context")
+        self.prefill_spin.setSingleStep(512)
+        self.prefill_spin.setToolTip(
+            "Tokens one prefill forward processes, which sets the activation peak; at the "
+            "minimum: the whole context (transformers' generate). Engines that prefill in "
+            "chunks peak at their chunk size: vLLM's max_num_batched_tokens, llama.cpp's "
+            "ubatch (512-8192)"
+        )
         self.kv_dtype_combo = QComboBox(self)
         for dtype in KV_DTYPES:
             self.kv_dtype_combo.addItem(f"KV {dtype}", dtype)
@@ -103,7 +120,7 @@ class ReserveControls(QWidget):
         self.note.setVisible(False)
         self._build_layout()
         self._restore()
-        for spin in (self.batch_spin, self.context_spin, self.context_cap_spin):
+        for spin in (self.batch_spin, self.context_spin, self.context_cap_spin, self.prefill_spin):
             spin.valueChanged.connect(self._on_control_changed)
         for combo in (self.kv_dtype_combo, self.kv_engine_combo):
             combo.currentTextChanged.connect(self._on_control_changed)
@@ -119,7 +136,8 @@ class ReserveControls(QWidget):
         grid.addWidget(self.context_spin, 0, 2)
         grid.addWidget(self.kv_dtype_combo, 1, 1)
         grid.addWidget(self.context_cap_spin, 1, 2)
-        grid.addWidget(self.kv_engine_combo, 2, 1, 1, 2)
+        grid.addWidget(self.kv_engine_combo, 2, 1)
+        grid.addWidget(self.prefill_spin, 2, 2)  # the token counts share a column
         grid.addWidget(self.by_bytes, 3, 0)
         grid.addWidget(self.reserve_gib, 3, 1)
         layout = QVBoxLayout(self)
@@ -135,8 +153,38 @@ class ReserveControls(QWidget):
         self.batch_spin.setValue(saved["batch"])
         self.context_spin.setValue(saved["context"])
         self.context_cap_spin.setValue(saved["context_cap"])
+        self.prefill_spin.setValue(saved["prefill_tokens"])
         self.set_kv_dtype(saved["kv_dtype"])
         self.set_kv_engine(saved["kv_engine"])
+
+    def set_memory_options(self, options: MemoryOptions | None) -> None:
+        """Show ``options`` (a restored session's; ``None``: the "bytes" row), remember them
+        and fire ``changed`` once."""
+        controls = (
+            self.by_model,
+            self.batch_spin,
+            self.context_spin,
+            self.context_cap_spin,
+            self.prefill_spin,
+            self.kv_dtype_combo,
+            self.kv_engine_combo,
+        )
+        for control in controls:
+            control.blockSignals(True)
+        try:
+            self.by_model.setChecked(options is not None)
+            self.by_bytes.setChecked(options is None)
+            if options is not None:
+                self.batch_spin.setValue(options.batch)
+                self.context_spin.setValue(options.context or 0)
+                self.context_cap_spin.setValue(options.context_cap)
+                self.prefill_spin.setValue(options.prefill_tokens or 0)
+                self.set_kv_dtype(options.kv_dtype)
+                self.set_kv_engine(options.engine)
+        finally:
+            for control in controls:
+                control.blockSignals(False)
+        self._on_control_changed()
 
     def set_kv_dtype(self, dtype: str) -> None:
         """Choose a KV dtype of ``KV_DTYPES`` (an unknown one is ignored)."""
@@ -159,6 +207,7 @@ class ReserveControls(QWidget):
                 "context_cap": self.context_cap_spin.value(),
                 "kv_dtype": self.kv_dtype_combo.currentData(),
                 "kv_engine": self.kv_engine_combo.currentData(),
+                "prefill_tokens": self.prefill_spin.value(),
             }
         )
         self.changed.emit()
@@ -173,6 +222,7 @@ class ReserveControls(QWidget):
             kv_dtype=self.kv_dtype_combo.currentData(),
             engine=self.kv_engine_combo.currentData(),
             context_cap=self.context_cap_spin.value(),
+            prefill_tokens=self.prefill_spin.value() or None,
         )
 
     def fixed_bytes(self) -> int:
@@ -180,22 +230,25 @@ class ReserveControls(QWidget):
         return round(self.reserve_gib.value() * GIB)
 
     def update_note(self, opened: Any) -> None:
-        """Say which context the memory model plans for ``opened``, or warn about config keys
-        it did not understand (those layers count as dense attention) or a config it cannot
-        read at all."""
+        """Say which context (and prefill chunk) the memory model plans for ``opened``, or warn
+        about config keys it did not understand (those layers count as dense attention) or a
+        config it cannot read at all."""
         options = self.memory_options()
         text, warned = "", False
         if opened is not None and options is not None:
             try:
                 layout = attention_layout(opened)
                 context = planned_context(opened, options)
+                prefill = planned_prefill(opened, options)
             except (ValueError, TypeError, AttributeError) as exc:
                 text, warned = f"No memory model for this model: {exc}", True
             else:
+                chunks = f"prefill in {prefill:,}-token chunks" if prefill < context else ""
                 if layout.warnings:
                     text, warned = "Memory model: " + " ".join(layout.warnings), True
-                elif options.context is None:
+                elif options.context is None or chunks:
                     text = f"Planning for {context:,} tokens of context"
+                    text += f", {chunks}" if chunks else ""
         self.note.setText(text)
         self.note.setStyleSheet(f"color: {warning_color().name()};" if warned else "")
         self.note.setProperty("warned", warned)

@@ -13,6 +13,7 @@ model order (``layers.2`` before ``layers.10``).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from PySide6.QtCore import (
@@ -98,6 +99,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._trace_shown = False
         self._gguf: GGUFHeader | None = None
         self._precision_map: dict[str, str] = {}  # the session's (the Precision column)
+        self._planned_nbytes: dict[str, int] = {}  # module bytes at those precisions
 
     # --- document ---------------------------------------------------------------------------
 
@@ -151,13 +153,22 @@ class ModuleTreeModel(QAbstractItemModel):
             )
         self.map_changed.emit()
 
-    def set_precision_map(self, precision_map: dict[str, str]) -> None:
-        """Update the Precision column (no reset: selection and expansion stay)."""
+    def set_precision_map(
+        self, precision_map: dict[str, str], planned_nbytes: Mapping[str, int] | None = None
+    ) -> None:
+        """Update the Precision column, and the Size column to ``planned_nbytes`` (each
+        module's bytes at its precision; ``None``: the tree's own) without a reset: selection
+        and expansion stay."""
         self._precision_map = dict(precision_map)
+        self._planned_nbytes = dict(planned_nbytes or {})
         rows = len(self._tree.root.children) if self._tree is not None else 0
         if rows:
-            column = PRECISION_COLUMN
-            self.dataChanged.emit(self.index(0, column), self.index(rows - 1, column))
+            first, last = sorted((SIZE_COLUMN, PRECISION_COLUMN))
+            self.dataChanged.emit(self.index(0, first), self.index(rows - 1, last))
+
+    def _nbytes(self, node: ModuleNode) -> int:
+        """The module's planned bytes: at its precision when the session quantizes it."""
+        return self._planned_nbytes.get(node.name, node.nbytes)
 
     def set_trace(self, reasons: dict[str, str], device_map: dict[str, Any]) -> None:
         """Remember the planner's reason per module for the map it planned; the row tooltips
@@ -291,7 +302,7 @@ class ModuleTreeModel(QAbstractItemModel):
         if column == PARAMS_COLUMN:
             return format_param_count(node.param_count)
         if column == SIZE_COLUMN:
-            return format_nbytes(node.nbytes)
+            return format_nbytes(self._nbytes(node))
         if column == STORED_COLUMN:
             return format_nbytes(node.stored_nbytes)
         if column == DEVICE_COLUMN:
@@ -314,7 +325,7 @@ class ModuleTreeModel(QAbstractItemModel):
         if column == PARAMS_COLUMN:
             return node.param_count
         if column == SIZE_COLUMN:
-            return node.nbytes
+            return self._nbytes(node)
         if column == STORED_COLUMN:
             return node.stored_nbytes
         if column == CLASS_COLUMN:
@@ -327,7 +338,10 @@ class ModuleTreeModel(QAbstractItemModel):
 
     def _bytes_line(self, node: ModuleNode) -> str:
         """``"20.3 MiB planned, 6.0 MiB stored"``; for a GGUF, with its bits per weight."""
-        line = f"{format_nbytes(node.nbytes)} planned, {format_nbytes(node.stored_nbytes)} stored"
+        planned = self._nbytes(node)
+        line = f"{format_nbytes(planned)} planned, {format_nbytes(node.stored_nbytes)} stored"
+        if planned != node.nbytes:
+            line += f" ({format_nbytes(node.nbytes)} before quantization)"
         if self._gguf is None:
             return line
         # bits per weight from the file's own bytes: Q4_1 is 5.0 (20 B per 32), Q8_0 8.5

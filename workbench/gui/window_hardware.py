@@ -8,6 +8,7 @@ undo commands; the speed prediction runs on a worker thread after each change (d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QObject, QTimer
@@ -148,7 +149,9 @@ class WindowHardware(QObject):
                 self.update_speed_prediction(wait=True)
             return
         device_map = dict(self.session.device_map)
-        thread = TaskThread(predict_speed, tree, device_map, profile)
+        # each quantized Linear is read by its precision's kernel (the profile's kernel costs)
+        precisions = dict(self.session.precision_map or {})
+        thread = TaskThread(partial(predict_speed, precisions=precisions), tree, device_map, profile)
         thread.setObjectName("predict speed")
         thread.succeeded.connect(self._on_speed_thread_succeeded)
         thread.failed.connect(self._on_speed_thread_failed)

@@ -4,8 +4,8 @@ message boxes, and the "Save changes…?" question before unsaved work is closed
 Every way of handing the window a path (``workbench PATH``, ``--open``, File > Open session,
 a drop, the recent list) goes through :meth:`SessionDocuments.open_path`, which asks
 ``workbench.runtime.documents`` what the path is: a session is restored (model, map, budgets,
-reserve, profile, planner options; the undo clean point is the restored state), a map file is
-imported into the model it was made for, anything else opens as a model.
+reserve and memory options, profile, planner options; the undo clean point is the restored
+state), a map file is imported into the model it was made for, anything else opens as a model.
 
 Crash recovery: while the "Restore it?" bar is unanswered nothing overwrites or removes the
 autosave, whatever the launch opened meanwhile; a recovered session counts as changed ("*",
@@ -295,6 +295,7 @@ class SessionDocuments(QObject):
         if saved.budgets:
             session.set_budgets(saved.budgets, reason="restore")
         session.set_reserve(saved.reserve, reason="restore")
+        session.set_memory(saved.memory, reason="restore")  # None in files from before
         session.set_planner_options(saved.planner_options, reason="restore")
         if session.device_map != saved.device_map:
             session.set_device_map(saved.device_map, reason="restore")

@@ -1,5 +1,6 @@
 """What a budget must leave out, measured on this machine: memory others hold, a safety
-margin per backend, and the host-to-device copy bandwidth (pinned and pageable).
+margin per backend, the host-to-device copy bandwidth (pinned and pageable), and what each
+weight format's decode kernel costs on this CPU.
 
 A GPU's budget is ``memory - held - margin``:
 
@@ -11,6 +12,11 @@ The copy bandwidth comes from a small timed copy (256 MiB, best of 3) to each GP
 device in ``<cache dir>/link-bandwidth.json`` (written atomically), so it is measured once.
 Without a GPU nothing here touches CUDA: ``gpu_memory_held`` and ``cached_link_bandwidth`` are
 only called for devices that exist.
+
+The CPU kernel probe (``measure_cpu_kernels``: one-token matmuls through the loader's torchao
+formats, see ``kernel_costs``) is cached per CPU model, thread count and library versions in
+``<cache dir>/cpu-kernels.json``. It needs torchao, so ``detect_hardware`` only reads the cache
+unless asked to measure (``measure_kernels=True``), and the joint precision planner asks.
 
 Example:
     >>> safety_margin_bytes("cpu", 16 * 2**30)
@@ -232,7 +238,7 @@ def _read_cache(path: Path) -> dict[str, Any]:
     try:
         data = read_json(
             path,
-            what="the link bandwidth cache",
+            what=f"the measurement cache {path.name}",
             fix="It is measured again and rewritten.",
             max_nbytes=2**20,
         )
@@ -258,3 +264,164 @@ def measured_link_bandwidth(gpu_count: int) -> LinkBandwidth | None:
         logger.warning("host-to-device bandwidth not measured, typical values used: %s", exc)
         return None
     return min(links, key=lambda link: link.pinned_gbps)
+
+
+@dataclass(frozen=True)
+class CpuKernelProbe:
+    """One-token decode matmuls timed on this CPU (``measure_cpu_kernels``).
+
+    Attributes:
+        bf16_gbps: the bf16 kernel's effective weight-read bandwidth, decimal GB/s.
+        efficiency: ``{precision kind: fraction of bf16_gbps its kernel reaches}`` on stored
+            bytes (``kernel_costs`` module docs); kinds that cannot run here are left out.
+        seconds: ``{precision kind: best seconds per pass}`` over the probe's weights.
+        threads: torch intra-op threads during the measurement.
+        nbytes: bf16 bytes of the probe's weights.
+        measured_at: UNIX time of the measurement.
+    """
+
+    bf16_gbps: float
+    efficiency: dict[str, float]
+    seconds: dict[str, float]
+    threads: int
+    nbytes: int
+    measured_at: float
+
+
+PROBE_PRECISIONS: Final = {
+    "int8": "int8",
+    "int4": "int4-g128",
+    "fp8": "fp8",
+    "nf4": "nf4",
+    "fp4": "fp4",
+}
+"""The precision each kind is probed at, quantized as the loader does
+(``quantization.backends.quantize_weight``)."""
+
+
+def measure_cpu_kernels(
+    out_features: int = 2048,
+    in_features: int = 2048,
+    weights: int = 4,
+    repeats: int = 7,
+    kinds: tuple[str, ...] = tuple(PROBE_PRECISIONS),
+) -> CpuKernelProbe:
+    """Time a ``(1, in_features)`` bf16 activation through ``weights`` Linear weights per
+    format: bf16 and each of ``kinds`` quantized as the loader does (torchao int8 / int4-g128 /
+    fp8, bitsandbytes nf4 / fp4; a kind whose library is missing is left out). Each timed
+    matmul follows a 64 MiB cache flush (its weight comes from memory, as in decode), rounds go
+    round-robin over the formats (background load hits all alike), and a format's time is the
+    sum over its weights of each one's best of ``repeats``. About 10-30 s on two cores with every kind,
+    torchao's import included.
+
+    Raises:
+        RuntimeError: from torch or the quantization libraries (out of memory).
+    """
+    from torch.nn.functional import linear  # noqa: PLC0415
+
+    from workbench.big_modeling.errors import BadInputError  # noqa: PLC0415
+    from workbench.big_modeling.quantization.backends import quantize_weight  # noqa: PLC0415 (torchao)
+    from workbench.big_modeling.quantization.packed import stored_nbytes  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(0)
+    dense = [
+        (torch.randn(out_features, in_features, generator=generator) * 0.02).to(torch.bfloat16)
+        for _ in range(weights)
+    ]
+    formats: dict[str, list[torch.Tensor]] = {"plain": dense}
+    for kind in kinds:
+        try:
+            formats[kind] = [quantize_weight(weight, PROBE_PRECISIONS[kind]) for weight in dense]
+        except BadInputError as exc:  # bitsandbytes (the dev extra) missing
+            logger.info("CPU kernel probe: %s not measured: %s", kind, exc)
+    stored = {kind: sum(stored_nbytes(w) for w in tensors) for kind, tensors in formats.items()}
+    activation = torch.randn(1, in_features, generator=generator).to(torch.bfloat16)
+    flush = torch.empty(64 * MIB, dtype=torch.uint8)
+    fastest = {kind: [float("inf")] * len(tensors) for kind, tensors in formats.items()}
+    with torch.inference_mode():
+        for tensors in formats.values():  # warm-up: first-call kernel setup, per weight
+            for weight in tensors:
+                linear(activation, weight)
+        for round_index in range(repeats):
+            for kind, tensors in formats.items():
+                for index, weight in enumerate(tensors):
+                    flush.fill_(round_index)  # the weight comes from memory, as in decode
+                    start = time.perf_counter()
+                    linear(activation, weight)
+                    seconds = time.perf_counter() - start
+                    fastest[kind][index] = min(fastest[kind][index], seconds)
+    best = {kind: sum(times) for kind, times in fastest.items()}
+    plain_rate = stored["plain"] / best["plain"]
+    return CpuKernelProbe(
+        bf16_gbps=plain_rate / 1e9,
+        efficiency={kind: (stored[kind] / best[kind]) / plain_rate for kind in formats},
+        seconds=best,
+        threads=torch.get_num_threads(),
+        nbytes=stored["plain"],
+        measured_at=time.time(),
+    )
+
+
+def cpu_kernel_cache_path() -> Path:
+    """The CPU kernel cache: ``<workbench cache dir>/cpu-kernels.json``."""
+    return workbench_cache_dir() / "cpu-kernels.json"
+
+
+def cpu_kernel_cache_key() -> str:
+    """What a CPU measurement is cached under: the CPU model, the thread count and the torch,
+    torchao and bitsandbytes versions (a new kernel library is measured again)."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    versions = [f"torch {torch.__version__}"]
+    for package in ("torchao", "bitsandbytes"):
+        try:
+            versions.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            versions.append(f"{package} none")
+    return f"{_cpu_model()}, {torch.get_num_threads()} threads, {', '.join(versions)}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform  # noqa: PLC0415
+
+    return platform.processor() or platform.machine()
+
+
+def cached_cpu_kernels(
+    measure: Callable[[], CpuKernelProbe] | None = None,
+    cache_path: Path | None = None,
+    *,
+    measure_if_missing: bool = True,
+) -> CpuKernelProbe | None:
+    """This CPU's cached kernel probe, else ``measure()``'s (default ``measure_cpu_kernels``),
+    written to the cache; ``None`` when nothing is cached and ``measure_if_missing`` is false
+    or the measurement fails (typical values are used, with a note in the log).
+
+    A malformed cache file or entry is measured again, never fatal.
+    """
+    path = cache_path or cpu_kernel_cache_path()
+    key = cpu_kernel_cache_key()
+    entries = _read_cache(path)
+    cached = entries.get(key)
+    if isinstance(cached, dict):
+        try:
+            return CpuKernelProbe(**cached)
+        except TypeError:
+            logger.warning("CPU kernel cache %s: bad entry for %s; measuring again", path, key)
+    if not measure_if_missing:
+        return None
+    try:
+        probe = (measure or measure_cpu_kernels)()
+    except (RuntimeError, ImportError) as exc:
+        logger.warning("CPU kernels not measured, documented values used: %s", exc)
+        return None
+    entries[key] = asdict(probe)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"version": 1, "devices": entries}, indent=2) + "\n")
+    return probe

@@ -10,10 +10,11 @@ layer with ``W`` planning bytes and ``N`` parameters, stored on tier ``s`` and e
 device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GPU; else the CPU):
 
     transfer_s  = W / BW_h2d                      if s == "cpu" and e is a GPU
-                = W / BW_disk (+ W / BW_h2d)      if s == "disk" (the second term when e is a GPU)
+                = W / BW_disk (+ W / BW_page)     if s == "disk" (the second term when e is a GPU)
                 = 0                               otherwise
-    decode      = max(2 N B / (F_e * mfu), W / (M_e * mbu))      one token, batch B
-    prefill     = max(2 N B P / (F_e * mfu), W / (M_e * mbu))    a prompt of P tokens
+    read        = sum over its tensors t of W_t / (M_e * mbu * eff(e, p_t))
+    decode      = max(2 N B / (F_e * mfu), read)      one token, batch B
+    prefill     = max(2 N B P / (F_e * mfu), read)    a prompt of P tokens
     layer time  = max(transfer_s, compute)  with prefetch (the next layer's copy overlaps this
                                             layer's compute, as a copy stream does)
                 = transfer_s + compute      without prefetch
@@ -28,7 +29,21 @@ hold most of the compute time (decode at batch 1 almost always is), else ``"comp
 
 ``F`` is the device's dense 16-bit TFLOP/s, ``M`` its memory bandwidth, ``BW_*`` the profile's
 link bandwidths, all in decimal units; ``mfu`` (0.5) and ``mbu`` (0.8) are the fractions of
-peak that real kernels reach.
+peak that real 16-bit kernels reach.
+
+Precision: ``W_t`` are the stored bytes of each tensor at its precision ``p_t`` (the
+``precisions`` map; plain dtypes without one), and ``eff(e, p)`` is the fraction of the 16-bit
+kernel's bandwidth the kernel for ``p`` reaches on ``e``'s backend (``kernel_costs``: documented
+for CUDA, measured for this CPU; the profile's ``kernel_costs``). A quantized weight is only
+faster than 16-bit where its kernel keeps up with its smaller bytes: on this project's CPU,
+torchao's int8 casts the weight to bf16 before every matmul and decodes at half the bf16 speed.
+
+Host-to-device copies: ``BW_h2d`` is the pinned rate (``host_to_device_gbps``) when prefetch is
+on, because the prefetcher pins each in-memory weight once and copies it on a side stream
+(``big_modeling.hooks.prefetch``); without prefetch the hooks copy straight from pageable RAM
+(``Tensor.to``), at ``BW_page`` (``HardwareProfile.pageable_gbps``: measured, given, or half
+the pinned rate). Disk weights are pageable either way: the prefetcher pins a fresh copy of
+each per forward, which is the staging the driver does for a pageable copy.
 
 Limits: attention's quadratic term and the KV cache are not counted (fine for short prompts);
 activations moving between GPUs are ignored (kilobytes per token); one prefetch slot is assumed
@@ -51,14 +66,24 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.big_modeling.device_map.value import DeviceMap
 from workbench.big_modeling.errors import DeviceMapError
+from workbench.big_modeling.quantization.sizes import precision_of
 from workbench.models.hardware import HardwareProfile
+from workbench.models.kernel_costs import MEMORY_BANDWIDTH_UTILIZATION, KernelCosts, precision_kind
 from workbench.models.tree import ModuleNode, ModuleTree
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
 
+__all__ = [
+    "MEMORY_BANDWIDTH_UTILIZATION",
+    "MODEL_FLOPS_UTILIZATION",
+    "LayerPrediction",
+    "SpeedPrediction",
+    "layer_unit_names",
+    "predict_speed",
+]
+
 MODEL_FLOPS_UTILIZATION = 0.5
-MEMORY_BANDWIDTH_UTILIZATION = 0.8
 GB = 1e9
 
 
@@ -76,7 +101,8 @@ class LayerPrediction:
         prefill_compute_s: seconds of compute for the whole prompt.
         time_s: the layer's contribution to one decode step (overlapped or summed).
         memory_bound: whether reading its weights from device memory takes longer than its
-            decode FLOPs (``W / (M mbu) > 2 N B / (F mfu)``).
+            decode FLOPs (``read > 2 N B / (F mfu)``).
+        precision: the precision kind holding most of its bytes (``"plain"``, ``"int4"`` ...).
     """
 
     name: str
@@ -88,6 +114,7 @@ class LayerPrediction:
     prefill_compute_s: float = 0.0
     time_s: float = 0.0
     memory_bound: bool = False
+    precision: str = "plain"
 
 
 @dataclass(frozen=True)
@@ -148,16 +175,23 @@ def predict_speed(
     batch_size: int = 1,
     mfu: float = MODEL_FLOPS_UTILIZATION,
     mbu: float = MEMORY_BANDWIDTH_UTILIZATION,
+    precisions: Mapping[str, str] | None = None,
+    kernel_costs: KernelCosts | None = None,
 ) -> SpeedPrediction:
     """Predict per-token decode time and time to first token (formula in the module docs).
 
     Args:
-        opened_or_tree: an ``OpenedModel`` or its ``ModuleTree`` (planning bytes are used).
+        opened_or_tree: an ``OpenedModel`` or its ``ModuleTree`` (its tensor bytes are used:
+            give the quantized sizes, ``runtime.precision_planning.with_tensor_sizes``).
         device_map: module name -> device, as planned (``""`` covers everything).
         profile: the hardware; every device in the map must be in it.
         prefetch: whether the next layer's weights are copied while this one computes.
         prompt_tokens: prompt length for the time to first token.
         batch_size: sequences decoded together.
+        precisions: a precision map (module or prefix -> precision name, longest prefix wins,
+            e.g. a plan's ``precision_map``) saying which kernel reads each Linear weight;
+            other tensors, and ``None`` or uncovered, are plain dtypes.
+        kernel_costs: each precision's kernel efficiency; default: the profile's.
 
     Returns:
         A ``SpeedPrediction`` with a per-layer breakdown.
@@ -178,13 +212,18 @@ def predict_speed(
         )
     gpus = sorted(d for d in set(placement.values()) if isinstance(d, int))
     main_device: int | str = gpus[0] if gpus else "cpu"
-    h2d_bw = profile.host_to_device_gbps * GB
+    pinned_bw = profile.host_to_device_gbps * GB
+    pageable_bw = profile.pageable_gbps * GB
+    memory_h2d_bw = pinned_bw if prefetch else pageable_bw  # module docs: what our hooks copy
     disk_bw = profile.disk_read_gbps * GB
+    costs = kernel_costs or profile.kernel_costs
+    kinds: dict[str, str] = {}
 
     layers: list[LayerPrediction] = []
     uncovered: list[str] = []
     for unit in _iter_layers(tree.root):
         bytes_by_tier: dict[int | str, int] = {}
+        bytes_by_kind: dict[str, int] = {}
         for tensor_name in _unit_tensors(unit):
             nbytes = tree.tensor_nbytes.get(tensor_name)
             if nbytes is None:  # a tied alias: counted under its first name
@@ -194,6 +233,8 @@ def predict_speed(
                 uncovered.append(tensor_name)
                 continue
             bytes_by_tier[tier] = bytes_by_tier.get(tier, 0) + nbytes
+            kind = _tensor_kind(tree, tensor_name, precisions, kinds)
+            bytes_by_kind[kind] = bytes_by_kind.get(kind, 0) + nbytes
         if not bytes_by_tier:
             continue
         home = max(bytes_by_tier, key=lambda d: bytes_by_tier[d])
@@ -202,13 +243,18 @@ def predict_speed(
         for tier, nbytes in bytes_by_tier.items():
             if tier == "disk":
                 transfer_s += nbytes / disk_bw
-            if tier in ("cpu", "disk") and isinstance(execution, int):
-                transfer_s += nbytes / h2d_bw
+                if isinstance(execution, int):
+                    transfer_s += nbytes / pageable_bw
+            elif tier == "cpu" and isinstance(execution, int):
+                transfer_s += nbytes / memory_h2d_bw
         nbytes = sum(bytes_by_tier.values())
         spec = profile.device(execution)
         flops_per_s = max(spec.compute_tflops, 1e-3) * 1e12 * mfu
         memory_bw = max(spec.memory_bandwidth_gbps, 1e-3) * GB * mbu
-        weight_read_s = nbytes / memory_bw
+        weight_read_s = sum(
+            kind_bytes / (memory_bw * costs.efficiency(execution, kind))
+            for kind, kind_bytes in bytes_by_kind.items()
+        )
         flops = 2.0 * _param_count(unit, tree) * batch_size
         decode_compute_s = max(flops / flops_per_s, weight_read_s)
         prefill_compute_s = max(flops * prompt_tokens / flops_per_s, weight_read_s)
@@ -224,6 +270,7 @@ def predict_speed(
                 prefill_compute_s=prefill_compute_s,
                 time_s=time_s,
                 memory_bound=weight_read_s > flops / flops_per_s,
+                precision=max(bytes_by_kind, key=lambda k: bytes_by_kind[k]),
             )
         )
     if uncovered:
@@ -251,6 +298,27 @@ def predict_speed(
         prefetch=prefetch,
         prompt_tokens=prompt_tokens,
     )
+
+
+def _tensor_kind(
+    tree: ModuleTree, tensor: str, precisions: Mapping[str, str] | None, cache: dict[str, str]
+) -> str:
+    """The kernel kind reading ``tensor``: its module's precision in the map when it is a
+    Linear weight (the only tensors quantization changes), else plain."""
+    if not precisions:
+        return "plain"
+    module, _, attr = tensor.rpartition(".")
+    if attr != "weight":
+        return "plain"
+    kind = cache.get(module)
+    if kind is None:
+        precision = precision_of(module, precisions)
+        try:
+            linear = "Linear" in tree.node(module).class_name
+        except KeyError:
+            linear = False
+        kind = cache[module] = precision_kind(precision) if precision and linear else "plain"
+    return kind
 
 
 def _bottleneck(layers: list[LayerPrediction], transfer_s: float, compute_s: float) -> str:

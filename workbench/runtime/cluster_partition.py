@@ -1,13 +1,16 @@
 """The layer partition of a pipeline: consecutive layers per stage, the slowest stage as fast
 as it can be, every stage within its memory budget.
 
-Binary search on the slowest stage's time: for a given time limit the greedy "as many layers as
-fit, in time and in memory" partition is feasible whenever any partition is, so the smallest
-feasible limit is found in 60 halvings; ``_even_out`` then hands layers back from the front
-stages so the last stages are not left with a remainder.
+Binary search on the slowest stage's time: for a given time limit, which layer boundaries each
+stage can reach (within the limit and its own budget) decides whether any partition exists, so
+the smallest feasible limit is found in 60 halvings; ``_even_out`` then hands layers back from
+the front stages so the last stages are not left with a remainder.
 """
 
 from __future__ import annotations
+
+import bisect
+import itertools
 
 
 def partition_layers(
@@ -39,36 +42,59 @@ def partition_layers(
     pp = len(fixed_mem)
     if n < pp:
         return None
+    mem_prefix = list(itertools.accumulate(layer_mem, initial=0))
+    time_prefix = [list(itertools.accumulate(row[:n], initial=0.0)) for row in layer_time]
 
-    def greedy(limit_s: float) -> list[int] | None:
-        counts = []
-        i = 0
+    def last_end(s: int, start: int, limit_s: float) -> int:
+        """The furthest layer stage ``s`` can run up to (exclusive) from ``start``."""
+        end = n
+        if budgets is not None:
+            room = budgets[s] - fixed_mem[s] + mem_prefix[start]
+            end = min(end, bisect.bisect_right(mem_prefix, room) - 1)
+        room_s = limit_s - fixed_time[s] + time_prefix[s][start]
+        return min(end, bisect.bisect_right(time_prefix[s], room_s) - 1)
+
+    def feasible(limit_s: float) -> list[int] | None:
+        """A partition within ``limit_s`` and the budgets, front stages as full as they can
+        be (``_even_out`` then hands layers back), or ``None``. Reachability over stage
+        boundaries, not a greedy fill: with unequal budgets, filling the first stages can
+        push a large layer onto a small GPU while another split fits."""
+        reach = [[False] * (n + 1) for _ in range(pp + 1)]
+        reach[0][0] = True
         for s in range(pp):
-            left_after = pp - 1 - s
-            mem, time_s, k = fixed_mem[s], fixed_time[s], 0
-            while i + k < n - left_after:
-                next_mem = mem + layer_mem[i + k]
-                next_time = time_s + layer_time[s][i + k]
-                if (budgets is not None and next_mem > budgets[s]) or next_time > limit_s:
-                    break
-                mem, time_s, k = next_mem, next_time, k + 1
-            if k == 0:
-                return None
-            counts.append(k)
-            i += k
-        return counts if i == n else None
+            marks = [0] * (n + 2)
+            for start in range(n):
+                if reach[s][start]:
+                    end = last_end(s, start, limit_s)
+                    if end > start:
+                        marks[start + 1] += 1
+                        marks[end + 1] -= 1
+            running = 0
+            for i in range(n + 1):
+                running += marks[i]
+                reach[s + 1][i] = running > 0
+        if not reach[pp][n]:
+            return None
+        counts, end = [], n
+        for s in range(pp - 1, -1, -1):
+            start = max(
+                j for j in range(end) if reach[s][j] and last_end(s, j, limit_s) >= end
+            )
+            counts.append(end - start)
+            end = start
+        return counts[::-1]
 
     high = max(fixed_time) + sum(max(row[i] for row in layer_time) for i in range(n)) + 1.0
-    if greedy(high) is None:
+    if feasible(high) is None:
         return None
     low = 0.0
     for _ in range(60):
         middle = (low + high) / 2
-        if greedy(middle) is None:
+        if feasible(middle) is None:
             low = middle
         else:
             high = middle
-    return _even_out(greedy(high), layer_mem, layer_time, fixed_mem, fixed_time, budgets, high)
+    return _even_out(feasible(high), layer_mem, layer_time, fixed_mem, fixed_time, budgets, high)
 
 
 def _even_out(

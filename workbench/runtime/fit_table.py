@@ -1,9 +1,10 @@
 """What fits where: for an opened model, every hardware profile by context length.
 
 One cell per (profile, context): the plan ``plan_opened_model`` makes with the memory model
-(``MemoryOptions(context=...)``: each device keeps free the KV cache of the layers it runs plus
-their activation peak) and the speed ``predict_speed`` predicts for it, decode tokens/s and the
-time to first token of a prompt that fills the context. A cell says one of:
+(``MemoryOptions(context=..., prefill_tokens=...)``: each device keeps free the KV cache of the
+layers it runs plus their activation peak, for a prefill of the whole context or, with
+``prefill_tokens``, of one chunk of it) and the speed ``predict_speed`` predicts for it, decode
+tokens/s and the time to first token of a prompt that fills the context. A cell says one of:
 
 - ``full GPU``: every weight on accelerators;
 - ``partial offload``: ``gpu_layers`` of ``layer_count`` decoder layers on accelerators, the
@@ -139,6 +140,7 @@ class FitTable:
         profiles: the rows.
         cells: row by row, one per (profile, context).
         warnings: config keys the memory model did not understand (dense fallback).
+        prefill_tokens: the prefill chunk the reserves are for (``None``: the whole context).
     """
 
     model: str
@@ -146,6 +148,7 @@ class FitTable:
     profiles: tuple[HardwareProfile, ...]
     cells: tuple[FitCell, ...]
     warnings: tuple[str, ...] = ()
+    prefill_tokens: int | None = None
 
     def cell(self, profile: str, context: int) -> FitCell:
         """The cell of ``profile`` at ``context``.
@@ -180,6 +183,7 @@ class FitTable:
             ],
             "cells": [cell.to_dict() for cell in self.cells],
             "warnings": list(self.warnings),
+            "prefill_tokens": self.prefill_tokens,
         }
 
 
@@ -202,16 +206,26 @@ def fit_contexts(opened: OpenedModel) -> tuple[int, ...]:
     return tuple(sorted(contexts))
 
 
-def fit_cell(opened: OpenedModel, profile: HardwareProfile, context: int) -> FitCell:
+def fit_cell(
+    opened: OpenedModel,
+    profile: HardwareProfile,
+    context: int,
+    *,
+    prefill_tokens: int | None = None,
+) -> FitCell:
     """Plan ``opened`` on ``profile`` for ``context`` tokens and predict its speed.
 
     Tries the whole profile first; when that does not fit and the profile has GPUs, tries its
     CPU and disk alone (a GPU too small for the KV cache of the layers it would run).
 
+    Args:
+        prefill_tokens: the prefill chunk the activation reserve is for (``MemoryOptions``);
+            ``None``: the whole context. The TTFT is still for a context-long prompt.
+
     Raises:
-        BadInputError: a config the memory model cannot read.
+        BadInputError: a config the memory model cannot read, or a non-positive prefill.
     """
-    memory = MemoryOptions(context=context)
+    memory = MemoryOptions(context=context, prefill_tokens=prefill_tokens)
     budgets = profile.budgets()
     try:
         return _planned_cell(opened, profile, context, memory, budgets)
@@ -292,11 +306,13 @@ def iter_fit_cells(
     opened: OpenedModel,
     profiles: Sequence[HardwareProfile],
     contexts: Sequence[int],
+    *,
+    prefill_tokens: int | None = None,
 ) -> Iterator[FitCell]:
     """Yield ``fit_cell`` for each profile (row by row) and context (for progress)."""
     for profile in profiles:
         for context in contexts:
-            yield fit_cell(opened, profile, context)
+            yield fit_cell(opened, profile, context, prefill_tokens=prefill_tokens)
 
 
 def fit_table(
@@ -304,12 +320,16 @@ def fit_table(
     profiles: Sequence[HardwareProfile] | None = None,
     contexts: Sequence[int] | None = None,
     on_cell: Callable[[FitCell], object] | None = None,
+    *,
+    prefill_tokens: int | None = None,
 ) -> FitTable:
     """The table for ``opened``: ``profiles`` (default: bundled and the user's,
     ``list_profiles()``) by ``contexts`` (default ``fit_contexts(opened)``).
 
     Args:
         on_cell: called with each cell when it is done (progress).
+        prefill_tokens: the prefill chunk every cell's activation reserve is for (engines
+            with chunked prefill); ``None``: a prefill of the whole context.
 
     Raises:
         BadInputError: a config the memory model cannot read (no decoder layers, no heads),
@@ -320,8 +340,9 @@ def fit_table(
         raise BadInputError("no hardware profiles to fit; add one (see `workbench profiles`)")
     columns = tuple(sorted(fit_contexts(opened) if contexts is None else contexts))
     cells = []
-    for cell in iter_fit_cells(opened, rows, columns):
+    for cell in iter_fit_cells(opened, rows, columns, prefill_tokens=prefill_tokens):
         cells.append(cell)
         if on_cell is not None:
             on_cell(cell)
-    return FitTable(opened.label, columns, rows, tuple(cells), attention_layout(opened).warnings)
+    warned = attention_layout(opened).warnings
+    return FitTable(opened.label, columns, rows, tuple(cells), warned, prefill_tokens)

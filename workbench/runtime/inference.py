@@ -40,6 +40,7 @@ from workbench.runtime.model_inputs import (
     prepare_input_ids,
     prepare_inputs,
 )
+from workbench.runtime.precision_session import quantized_tree
 from workbench.runtime.protocol import Event, Infer, InferenceResult, Phase, TokenStreamed
 from workbench.runtime.sampling import TokenPicker, sampling_dict
 from workbench.runtime.telemetry import TransferRecorder, summarize_layers
@@ -341,8 +342,15 @@ def predict_figures(
             hardware = profile_from_dict(dict(profile))
         else:
             hardware = load_profile(profile) if profile else detect_hardware()
+        precisions = getattr(loaded, "extras", {}).get("precision_map") or {}
+        sized = quantized_tree(loaded.opened, precisions) if precisions else loaded.opened
         prediction = predict_speed(
-            loaded.opened, loaded.device_map, hardware, prompt_tokens=prompt_tokens
+            sized,
+            loaded.device_map,
+            hardware,
+            prefetch=False,  # a load's dispatch copies each offloaded block when it runs
+            prompt_tokens=prompt_tokens,
+            precisions=precisions,
         )
     except Exception as exc:  # the prediction is informative; never fail the test over it
         logger.info("no speed prediction for this plan: %s", exc)

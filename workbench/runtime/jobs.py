@@ -3,15 +3,15 @@
 A ``JobRunner`` holds at most one loaded model. ``run(request, token)`` executes one request,
 sending events through ``emit`` (progress throttled to ~20 Hz) and ending with exactly one
 ``Result`` or ``Failed`` (whose ``details`` say where the job got to, with the traceback). A
-load reports the phases building, loading, dispatching and ready. Jobs check the
-``CancelToken`` while the model is built, between tensors, before dispatch and before the
-tokenizer (loading) and between tokens (generation). ``iter_job`` wraps a run as a generator
-of events.
+load reports the phases building, loading, (quantizing,) dispatching and ready. Jobs check
+the ``CancelToken`` while the model is built, after the tokenizer, between tensors, between
+quantized modules and before dispatch (loading) and between tokens (generation).
+``iter_job`` wraps a run as a generator of events.
 
 Developer extension point: a *load observer* (``JobRunner(emit, load_observer=...)``, or
 ``WorkerHost(load_observer="module:function")`` for the worker process) sees every load's tensor
-count as it grows and may act on it, e.g. park the load at a known point (the tests' holds in
-``tests/job_holds.py``). It is called once per load with an ``ObservedLoad``; ``Load.options``
+count as it grows (a quantized load's modules count on after its tensors) and may act on it,
+e.g. park the load at a known point (the tests' holds in ``tests/job_holds.py``). It is called once per load with an ``ObservedLoad``; ``Load.options``
 reach it untouched, so it can take per-load parameters from there.
 
 Example:
@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import logging
@@ -36,6 +37,7 @@ from typing import Any
 
 from workbench.big_modeling.errors import BadInputError, LoadCancelled
 from workbench.big_modeling.progress import CancelToken, LoadProgress
+from workbench.runtime.progress_throttle import ProgressThrottle
 from workbench.runtime.protocol import (
     Event,
     Failed,
@@ -52,9 +54,6 @@ from workbench.runtime.protocol import (
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_INTERVAL_S = 0.05  # ~20 Hz
-
-
 @dataclass
 class LoadedModel:
     """The model a load produced, with what inference and verify need."""
@@ -66,69 +65,6 @@ class LoadedModel:
     summary: LoadSummary
     tokenizer: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-class ProgressThrottle:
-    """Turns engine ``LoadProgress`` reports into ``Progress`` events at most every 50 ms.
-
-    Phase changes and the final report always pass. Also counts the tensors reported, and calls
-    ``on_tensor`` with that count after every report (a load observer's callback).
-    """
-
-    def __init__(
-        self,
-        emit: Callable[[Event], None],
-        request_id: int,
-        *,
-        interval_s: float = PROGRESS_INTERVAL_S,
-        on_tensor: Callable[[int], None] | None = None,
-    ) -> None:
-        self._emit = emit
-        self._request_id = request_id
-        self.interval_s = interval_s
-        self._last_emit_s = 0.0
-        self._last_phase = ""
-        self._last_tensor = ""
-        self._start_s = time.monotonic()
-        self.on_tensor = on_tensor
-        self.tensors_seen = 0
-        self.events_sent = 0
-        self.last: LoadProgress | None = None
-
-    def __call__(self, report: LoadProgress) -> None:
-        self.last = report
-        if report.tensor_name and report.tensor_name != self._last_tensor:
-            self._last_tensor = report.tensor_name
-            self.tensors_seen += 1
-        now = time.monotonic()
-        final = report.bytes_total > 0 and report.bytes_done >= report.bytes_total
-        if report.phase != self._last_phase or final or now - self._last_emit_s >= self.interval_s:
-            self._send(report, now)
-        if self.on_tensor is not None:
-            self.on_tensor(self.tensors_seen)
-
-    def flush(self) -> None:
-        if self.last is not None:
-            self._send(self.last, time.monotonic())
-
-    def _send(self, report: LoadProgress, now: float) -> None:
-        elapsed = now - self._start_s
-        eta = None
-        if 0 < report.bytes_done < report.bytes_total and elapsed > 0:
-            eta = elapsed * (report.bytes_total - report.bytes_done) / report.bytes_done
-        self._last_emit_s = now
-        self._last_phase = report.phase
-        self.events_sent += 1
-        self._emit(
-            Progress(
-                request_id=self._request_id,
-                bytes_done=report.bytes_done,
-                bytes_total=report.bytes_total,
-                tensor=report.tensor_name,
-                phase=report.phase,
-                eta_s=eta,
-            )
-        )
 
 
 class JobTrace:
@@ -379,10 +315,13 @@ def load_model(
 ) -> LoadedModel:
     """Open ``request.source``, build it empty, load its checkpoint and dispatch it.
 
-    Phases (as ``Phase`` events and in ``Progress.phase``): building, loading, dispatching
-    (hooks, then the tokenizer), ready. The cancel token is checked while the model is built,
-    between tensors, before dispatch and before the tokenizer load. ``observer`` is called when
-    the tensors start loading (see ``LoadObserver``).
+    Phases (as ``Phase`` events and in ``Progress.phase``): building, loading, quantizing (a
+    load with a precision map: its progress counts weight bytes quantized), dispatching, ready.
+    The tokenizer loads while building, before the tensors, so the CPU memory the load measures
+    above its baseline is the weights' (``memory_reconcile``). The cancel token is checked while
+    the model is built, after the tokenizer, between tensors, between quantized modules and
+    before dispatch. ``observer`` is called when the tensors start loading (see
+    ``LoadObserver``).
 
     Raises:
         LoadCancelled: when ``token`` is cancelled.
@@ -393,6 +332,7 @@ def load_model(
     from workbench.big_modeling.devices import check_devices_available  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.big_modeling.dtypes import parse_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.models.gguf import is_gguf_path  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.runtime.memory_readings import release_free_heap  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     check_devices_available(request.device_map)  # before the build: cuda:99, mps, meta named
     rid = request.request_id
@@ -415,6 +355,9 @@ def load_model(
             f"{request.source}: has no weights (no safetensors or .bin checkpoint); "
             "loading needs a model folder with weights, not just a config.json"
         )
+    tokenizer = _load_tokenizer(opened)  # before the tensors: not in the load's CPU figure
+    _import_quantizers(request.options)  # likewise: the libraries are runtime, not weights
+    token.raise_if_cancelled()
     total = int(getattr(opened.checkpoint, "total_nbytes", 0) or 0)
     emit(Progress(rid, 0, total, phase="building"))
     emit(Phase(rid, "loading"))
@@ -444,6 +387,7 @@ def load_model(
     )
     throttle.flush()
     token.raise_if_cancelled()
+    done = throttle.last.bytes_done if throttle.last is not None else total
     quantized = None
     if request.options.get("precision_map") or request.options.get("quantize"):
         from workbench.big_modeling.quantization.apply import quantize_model, resolve_precision_map  # noqa: PLC0415 (torchao: only quantized loads)
@@ -452,15 +396,17 @@ def load_model(
         precisions = resolve_precision_map(
             model, request.options.get("precision_map"), request.options.get("quantize")
         )
-        quantized = quantize_model(model, precisions, offload_folder=offload_folder)
+        # its reports count weight bytes quantized, and each module once in the observer's count
+        quantized = quantize_model(
+            model, precisions, offload_folder=offload_folder, progress=progress, cancel=token
+        )
+        throttle.flush()
         token.raise_if_cancelled()
-    done = throttle.last.bytes_done if throttle.last is not None else total
     emit(Phase(rid, "dispatching"))
     throttle(LoadProgress(done, total, "", "dispatching"))
     model = dispatch_model(model, device_map=device_map, offload_dir=offload_folder)
     model.eval()
-    token.raise_if_cancelled()
-    tokenizer = _load_tokenizer(opened)
+    release_free_heap()  # the casts and offload writes freed as they went; malloc kept them
     token.raise_if_cancelled()
     emit(Phase(rid, "ready"))
     summary = LoadSummary(
@@ -474,7 +420,24 @@ def load_model(
         has_tokenizer=tokenizer is not None,
         chat_template=bool(getattr(tokenizer, "chat_template", None)),
     )
-    return LoadedModel(request, opened, model, device_map, summary, tokenizer)
+    loaded = LoadedModel(request, opened, model, device_map, summary, tokenizer)
+    if quantized is not None:  # what each module really became (the speed model's kernels)
+        loaded.extras["precision_map"] = {m.name: m.precision for m in quantized.modules}
+    return loaded
+
+
+def _import_quantizers(options: dict[str, Any]) -> None:
+    """Import the quantization libraries a quantized load will use (torchao, and bitsandbytes
+    for nf4/fp4) before the load's CPU baseline is read, so their memory counts as runtime."""
+    precision_map, quantize = options.get("precision_map"), options.get("quantize")
+    if not precision_map and not quantize:
+        return
+    import workbench.big_modeling.quantization.apply  # noqa: F401, PLC0415 (torchao)
+
+    names = [str(v).lower() for v in (precision_map or {}).values()] + [str(quantize).lower()]
+    if any(name.startswith(("nf4", "fp4")) for name in names):
+        with contextlib.suppress(ImportError):  # a missing one is the quantizer's clear error
+            import bitsandbytes  # noqa: F401, PLC0415
 
 
 _OPEN_LOCK = threading.Lock()  # one open_model at a time, even after a cancelled one
@@ -566,12 +529,19 @@ def _entry_sizes(opened: Any) -> dict[str, int]:
 def _predicted_weights(
     opened: Any, device_map: dict[str, int | str], model: Any, quantized: Any
 ) -> dict[str, int]:
-    """Weight bytes per device the load should hold; a quantized load's at its precisions."""
-    nbytes = _nbytes_by_device(opened, device_map)
+    """Weight bytes per device the load should hold (checkpoint tensors: non-persistent buffers
+    left out); a quantized load's at its precisions."""
+    from workbench.runtime.memory_reconcile import (  # noqa: PLC0415 (torch; the GUI imports jobs)
+        quantized_weights_prediction,
+        without_non_persistent_buffers,
+    )
+
+    sizes = _entry_sizes(opened)
+    nbytes = without_non_persistent_buffers(
+        _nbytes_by_device(opened, device_map), sizes, device_map, model
+    )
     if quantized is None:
         return nbytes
-    from workbench.runtime.memory_reconcile import quantized_weights_prediction  # noqa: PLC0415 (torch; the GUI imports jobs)
-
     return quantized_weights_prediction(nbytes, quantized, model)
 
 

@@ -10,9 +10,10 @@ and says them in words, so the GUI imports it without torch. One ``DeviceMemory`
 - measured: what stays resident after a load, the peak during a run. CUDA: the allocator's
   ``memory_allocated`` after a load, ``max_memory_allocated`` during a run. CPU: the worker's
   anonymous RSS above what it held when the load started reading tensors (the interpreter,
-  torch, transformers and the empty model were there already), so the figure is the model's
-  share, plus the weights memory-mapped from files (a zero-copy load); the whole RSS and its
-  split into weights and the rest are kept too. Disk: the bytes of the offloaded weights in
+  torch, transformers, the empty model and the tokenizer were there already), so the figure is
+  the model's share, plus the weights memory-mapped from files (a zero-copy load); the whole
+  RSS and its split into weights and the rest are kept too, and what the load added before
+  its tensors (the runtime overhead), measured apart: no prediction covers it. Disk: the bytes of the offloaded weights in
   the offload folder, and the bytes read (from the checkpoint during a load, from the offload
   folder during a run).
 
@@ -67,6 +68,10 @@ class DeviceMemory:
         mapped_weights_bytes: CPU: the part of the weights memory-mapped from files (a
             zero-copy load of the checkpoint): file pages, in ``measured_bytes`` but not in
             the anonymous RSS.
+        runtime_bytes: CPU: the anonymous RSS the load added before its tensors started
+            loading (imports, a GGUF conversion, the empty model, the tokenizer), measured
+            apart: neither predicted nor in ``measured_bytes``; ``None`` elsewhere or when
+            not measured.
     """
 
     device: str
@@ -79,6 +84,7 @@ class DeviceMemory:
     read_bytes: int = 0
     how: str = ""
     mapped_weights_bytes: int = 0
+    runtime_bytes: int | None = None
 
     @property
     def predicted_bytes(self) -> int:

@@ -6,8 +6,9 @@ there are weights), so a plan's totals and the tree agree even for a checkpoint 
 With ``memory=MemoryOptions(...)`` each device keeps free what the memory model says the
 planned map needs there (``device_reserves``: the KV cache of the layers it runs plus their
 activation peak); the planner panel, the lanes and ``workbench plan`` all call
-``device_reserves``, so they show the same numbers. ``activation_reserve`` is the one-device
-figure for a prefill of a given shape.
+``device_reserves``, so they show the same numbers (``MemoryOptions.prefill_tokens`` sizes
+the activation peak for one prefill chunk instead of the whole context). ``activation_reserve``
+is the one-device figure for a prefill of a given shape.
 
 Example:
     >>> opened = open_model("demo")  # doctest: +SKIP
@@ -68,9 +69,15 @@ class MemoryOptions:
         engine: one of ``KV_ENGINES`` (MLA: transformers caches the latent, transformers-4
             the expanded heads).
         context_cap: the cap on the model's maximum context when ``context`` is ``None``.
+        prefill_tokens: tokens one prefill forward processes, which sets the activation peak;
+            ``None``: the whole context in one forward (``transformers``' ``generate``).
+            Engines with chunked prefill (vLLM's ``max_num_batched_tokens``, llama.cpp's
+            ``ubatch``: 512 to 8192 tokens) peak at their chunk size: give it here. A figure
+            above the context counts as the context (``planned_prefill``).
 
     Raises:
-        BadInputError: for a non-positive batch, context or cap, or an unknown dtype or engine.
+        BadInputError: for a non-positive batch, context, cap or prefill, or an unknown dtype
+            or engine.
     """
 
     batch: int = 1
@@ -78,6 +85,7 @@ class MemoryOptions:
     kv_dtype: str = MODEL_DTYPE
     engine: str = "transformers"
     context_cap: int = DEFAULT_CONTEXT_CAP
+    prefill_tokens: int | None = None
 
     def __post_init__(self) -> None:
         bad = [
@@ -86,8 +94,9 @@ class MemoryOptions:
                 ("batch", self.batch),
                 ("context", self.context),
                 ("context_cap", self.context_cap),
+                ("prefill_tokens", self.prefill_tokens),
             )
-            if value is not None and value < 1
+            if value is not None and (not isinstance(value, int) or value < 1)
         ]
         if bad:
             raise BadInputError(f"memory options must be positive, got {', '.join(bad)}")
@@ -99,6 +108,32 @@ class MemoryOptions:
             raise BadInputError(
                 f"unknown KV cache engine {self.engine!r}; use one of {', '.join(KV_ENGINES)}"
             )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON data (a session file's ``"memory"``); ``from_dict`` reads it back."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryOptions:
+        """The options ``to_dict`` wrote; missing keys take their defaults.
+
+        Raises:
+            BadInputError: unknown keys, values of the wrong type, or bad figures.
+        """
+        fields = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(str(key) for key in data if key not in fields)
+        if unknown:
+            raise BadInputError(f"unknown memory options: {', '.join(unknown)}")
+        wrong = [
+            f"{key}={value!r:.40}"
+            for key, value in data.items()
+            if isinstance(value, bool)
+            or (key in ("kv_dtype", "engine") and not isinstance(value, str))
+            or (key not in ("kv_dtype", "engine") and not isinstance(value, (int, type(None))))
+        ]
+        if wrong:
+            raise BadInputError(f"memory options of the wrong type: {', '.join(wrong)}")
+        return cls(**data)
 
 
 def attention_layout(opened: OpenedModel) -> AttentionLayout:
@@ -120,6 +155,17 @@ def planned_context(opened: OpenedModel, options: MemoryOptions) -> int:
     return default_context(attention_layout(opened), options.context_cap)
 
 
+def planned_prefill(opened: OpenedModel, options: MemoryOptions) -> int:
+    """The tokens of one prefill forward ``options`` plan for: ``prefill_tokens``, at most the
+    planned context (all of it when ``prefill_tokens`` is ``None``)."""
+    context = planned_context(opened, options)
+    return context if options.prefill_tokens is None else min(options.prefill_tokens, context)
+
+
+def _token_words(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 and tokens >= 1024 else str(tokens)
+
+
 def _activation_dtype(opened: OpenedModel) -> torch.dtype:
     dtype = planning_dtype(opened)
     if dtype is None or not dtype.is_floating_point:
@@ -136,8 +182,10 @@ def device_reserves(
     Per device (layers mapped to cpu/disk run on the map's first accelerator, as dispatch
     runs them): the KV cache of its layers at ``planned_context`` tokens in the KV dtype
     (``model``: the weights' floating dtype, else fp16), plus the activation peak of a
-    prefill that fills the context (SDPA attention, logits of one position on the device of
-    the last layer). ``DeviceReserve.why`` says it in words.
+    prefill forward of ``planned_prefill`` tokens (the whole context unless
+    ``prefill_tokens`` says a chunk; SDPA attention, logits of one position on the device of
+    the last layer). ``DeviceReserve.why`` says it in words, naming the prefill when it is a
+    chunk of the context.
 
     Returns:
         ``{device-map device: DeviceReserve}`` for each device that runs decoder layers.
@@ -148,15 +196,22 @@ def device_reserves(
     """
     layout = attention_layout(opened)
     dtype = _activation_dtype(opened)
-    return reserve_for_device_map(
+    context = planned_context(opened, options)
+    prefill = planned_prefill(opened, options)
+    reserves = reserve_for_device_map(
         layout,
         device_map,
         batch=options.batch,
-        context=planned_context(opened, options),
+        context=context,
         kv_dtype=None if options.kv_dtype == MODEL_DTYPE else options.kv_dtype,
         model_dtype=dtype,
         engine=options.engine,  # type: ignore[arg-type]
+        prompt_tokens=prefill,
     )
+    if prefill == context:
+        return reserves
+    chunk = f" for {_token_words(prefill)}-token prefill chunks"
+    return {d: dataclasses.replace(r, why=r.why + chunk) for d, r in reserves.items()}
 
 
 def layer_cache_charges(opened: OpenedModel, options: MemoryOptions) -> dict[str, int]:

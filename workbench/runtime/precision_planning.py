@@ -3,8 +3,15 @@
 
 ``plan_opened_precisions`` feeds the engine's ``plan_precision_and_devices`` with the model's
 tree (planning bytes per tensor, parameter count, the speed model's layers) and scores each
-candidate with ``workbench.models.speed.predict_speed`` on the candidate's quantized sizes, so
-the speed the CLI prints for the plan is the one the planner maximised.
+candidate with ``workbench.models.speed.predict_speed`` on the candidate's quantized sizes and
+precisions, so the speed the CLI prints for the plan is the one the planner maximised, and a
+format whose kernel is slow on the device it runs on (``models.kernel_costs``) loses on speed.
+
+The engine's score callback gets a device map and every tensor's bytes, not the candidate's
+precisions: ``SizePrecisions`` reads each quantized weight's precision back from its size (the
+sizes of each allowed precision are distinct for a weight, except nf4 and fp4, which store the
+same bytes: such a tie is scored as the slower kernel). For the detected profile the CPU kernel
+probe runs once (cached per machine; ``device_probe.cached_cpu_kernels``) before planning.
 ``quantization_section`` is the ``quantization`` part of the wrapped JSON document
 (``runtime.quantization_code`` writes the ``quantization_config`` of "Copy as code";
 ``runtime.prequantized_planning`` plans checkpoints stored quantized).
@@ -37,7 +44,9 @@ from workbench.big_modeling.quantization.precisions import (
     parse_precisions,
 )
 from workbench.big_modeling.quantization.sizes import QuantizableWeights, tensor_nbytes_under
-from workbench.models.hardware import HardwareProfile
+from workbench.models.device_probe import cached_cpu_kernels
+from workbench.models.hardware import DETECTED_NAME, HardwareProfile, with_cpu_kernels
+from workbench.models.kernel_costs import KernelCosts
 from workbench.models.speed import SpeedPrediction, layer_unit_names, predict_speed
 from workbench.models.tree import ModuleTree
 from workbench.runtime.planning import planning_dtype
@@ -131,6 +140,54 @@ def with_tensor_sizes(tree: ModuleTree, tensor_nbytes: Mapping[str, int]) -> Mod
     )
 
 
+class SizePrecisions:
+    """Each quantizable weight's precision, read back from its bytes (module docs).
+
+    Example:
+        >>> lookup = SizePrecisions(weights, tree.tensor_nbytes, ["int4", "int8"])  # doctest: +SKIP
+        >>> lookup.precision_map(sizes)  # doctest: +SKIP
+        {'model.layers.0.mlp.up_proj': 'int8', ...}
+    """
+
+    def __init__(
+        self,
+        weights: QuantizableWeights,
+        base_nbytes: Mapping[str, int],
+        precisions: Sequence[str | Precision],
+        kernel_costs: KernelCosts | None = None,
+    ) -> None:
+        names = [parse_precision(p).name for p in precisions]
+        if kernel_costs is not None:  # of two formats with one size, the slower kernel
+            names.sort(
+                key=lambda n: kernel_costs.efficiency(0, n) + kernel_costs.efficiency("cpu", n)
+            )
+        self._by_size: dict[str, dict[int, str]] = {}
+        for name in reversed(names):
+            sizes = tensor_nbytes_under({"": name}, base_nbytes, weights)
+            for tensor in weights.shapes:
+                if tensor in sizes:
+                    self._by_size.setdefault(tensor, {})[sizes[tensor]] = name
+
+    def precision_map(self, tensor_nbytes: Mapping[str, int]) -> dict[str, str]:
+        """``{module of a quantizable weight: precision}`` for the sizes given (a weight whose
+        size no allowed precision has is left out: it is planned as loaded)."""
+        found: dict[str, str] = {}
+        for tensor, by_size in self._by_size.items():
+            precision = by_size.get(tensor_nbytes.get(tensor, -1))
+            if precision is not None:
+                found[tensor.rpartition(".")[0]] = precision
+        return found
+
+
+def measured_profile(profile: HardwareProfile) -> HardwareProfile:
+    """The detected profile with this CPU's kernel costs measured (once per machine, cached);
+    any other profile as it is (what-if hardware uses its own or the documented table)."""
+    if profile.name != DETECTED_NAME or profile.kernel_costs.cpu_measured:
+        return profile
+    probe = cached_cpu_kernels()
+    return with_cpu_kernels(profile, probe) if probe is not None else profile
+
+
 def plan_opened_precisions(
     opened: OpenedModel,
     *,
@@ -158,6 +215,8 @@ def plan_opened_precisions(
         strategy, reserve: as for ``plan_opened_model``.
         prefetch, prompt_tokens: as for ``predict_speed``.
 
+    The detected profile's CPU kernels are measured first (``measured_profile``).
+
     Raises:
         BadInputError: bad precisions or floors, or no plan meeting the constraints.
     """
@@ -170,11 +229,19 @@ def plan_opened_precisions(
     )
     weights = QuantizableWeights.of(opened.model, keep, planning_dtype(opened))
     layers = precision_layers(tree)
+    profile = measured_profile(profile)
+    floors = list((keep_at_least or {}).values())  # floors may name precisions not allowed
+    lookup = SizePrecisions(weights, tree.tensor_nbytes, [*allowed, *floors], profile.kernel_costs)
 
     def score(device_map: Mapping[str, Any], tensor_nbytes: Mapping[str, int]) -> float:
         sized = with_tensor_sizes(tree, tensor_nbytes)
         return predict_speed(
-            sized, device_map, profile, prefetch=prefetch, prompt_tokens=prompt_tokens
+            sized,
+            device_map,
+            profile,
+            prefetch=prefetch,
+            prompt_tokens=prompt_tokens,
+            precisions=lookup.precision_map(tensor_nbytes),
         ).tokens_per_s
 
     plan = plan_precision_and_devices(
@@ -200,6 +267,7 @@ def plan_opened_precisions(
         profile,
         prefetch=prefetch,
         prompt_tokens=prompt_tokens,
+        precisions=lookup.precision_map(tensor_nbytes),  # as scored: norms stay plain
     )
     return PrecisionPlanning(plan, prediction, tuple(layers), tensor_nbytes)
 

@@ -264,7 +264,9 @@ def candidate_outcome(
     prediction = None
     if candidate.device_map and profile is not None:
         try:
-            prediction = predict_speed(tree, candidate.device_map, profile)
+            prediction = predict_speed(
+                tree, candidate.device_map, profile, precisions=candidate.precision_map
+            )
         except ValueError:
             prediction = None
     return tree, prediction
@@ -281,3 +283,13 @@ def planned_tree(session: Any) -> ModuleTree | None:
     if opened is None or not session.precision_map:
         return session.tree
     return quantized_tree(opened, session.precision_map)
+
+
+def planned_nbytes(session: Any) -> dict[str, int]:
+    """Each module's bytes at the session's precisions (the tree's Size column), or ``{}``
+    when nothing is quantized (the tree's own sizes hold)."""
+    if session.opened is None or not session.precision_map:
+        return {}
+    tree = planned_tree(session)
+    return {} if tree is None else {node.name: node.nbytes for node in tree.iter_nodes()}
+

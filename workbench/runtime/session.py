@@ -1,5 +1,10 @@
 """The session: the user's document (model source, device map, budgets, profile, options).
 
+The reserve is stored as the memory model's options (``memory``: batch, context, KV dtype,
+engine, cap, prefill), so a reopened session gives each device the reserve it had
+(``device_reserves``); ``reserve`` keeps the one figure of a fixed reserve (and of files from
+before the options were stored, which still open, with ``memory`` ``None``).
+
 Plain Python, no Qt: views subscribe with plain callbacks and get a ``SessionChange`` naming
 what changed. Every edit goes through a ``set_*``/``assign`` method, which marks the session
 dirty and notifies. ``save`` writes JSON atomically; ``Session.restore`` reads it back (the
@@ -36,12 +41,13 @@ from workbench.big_modeling.planning.sizes import convert_file_size_to_int
 from workbench.models import hardware
 from workbench.models.intake import open_model
 from workbench.runtime.model_context import ModelContext
+from workbench.runtime.planning import MemoryOptions
+from workbench.runtime.planning import device_reserves as planned_reserves
 
 logger = logging.getLogger(__name__)
 
 SESSION_FORMAT = "workbench-session"
 SESSION_VERSION = 1
-
 
 
 class SessionFileError(BadInputError):
@@ -51,8 +57,8 @@ class SessionFileError(BadInputError):
 @dataclass(frozen=True)
 class SessionChange:
     """What changed: ``what`` is one of ``source``, ``opened``, ``device_map``, ``budgets``,
-    ``reserve``, ``profile``, ``planner_options``, ``dtype``, ``precision_map``, ``dirty``,
-    ``restored``.
+    ``reserve``, ``memory``, ``profile``, ``planner_options``, ``dtype``, ``precision_map``,
+    ``dirty``, ``restored``.
     ``names`` lists the modules an ``assign`` touched; ``reason`` is the caller's text.
     """
 
@@ -71,7 +77,10 @@ class Session:
         source: a config.json, a model folder or ``hf-cache:REPO_ID``.
         device_map: ``{module prefix: device}``; values are normalised (``"cuda:0"`` -> ``0``).
         budgets: ``{device: bytes}`` for the planner.
-        reserve: bytes kept free on the execution device for activations.
+        reserve: bytes kept free on the execution device for activations (the fixed
+            reserve, or the execution device's share of the memory model's).
+        memory: the memory model's options the reserve is planned with
+            (``runtime.planning.MemoryOptions``); ``None``: a fixed reserve.
         planner_options: free-form planner settings (e.g. ``{"strategy": "auto"}``).
         dtype: the dtype to load in (``"float16"``) or ``None`` for the checkpoint's.
         precision_map: ``{module prefix: precision}`` (``"int4-g128"``, ``"int8"``...): the
@@ -89,6 +98,7 @@ class Session:
         dtype: str | None = None,
         profile: Any = None,
         precision_map: Mapping[str, str] | None = None,
+        memory: MemoryOptions | None = None,
     ) -> None:
         self.source: str | None = source
         self.context: ModelContext | None = None  # everything derived from the opened model
@@ -96,6 +106,7 @@ class Session:
         self.device_map: DeviceDict = _normalize_map(device_map or {})
         self.budgets: dict[int | str, int] = _normalize_budgets(budgets or {})
         self.reserve: int = int(reserve)
+        self.memory: MemoryOptions | None = _check_memory(memory)
         self.planner_options: dict[str, Any] = dict(planner_options or {})
         self.dtype: str | None = dtype
         self.precision_map: dict[str, str] = _check_precision_map(precision_map or {})
@@ -256,6 +267,31 @@ class Session:
         self._changed("reserve", reason)
         return previous
 
+    def set_memory(self, memory: MemoryOptions | None, *, reason: str = "") -> MemoryOptions | None:
+        """Set the memory model's options (``None``: a fixed reserve); return the previous ones.
+        Setting the options the session has is no change (no notification, not dirty).
+
+        Raises:
+            BadInputError: ``memory`` is neither ``MemoryOptions`` nor ``None``.
+        """
+        previous, memory = self.memory, _check_memory(memory)
+        if memory != previous:
+            self.memory = memory
+            self._changed("memory", reason)
+        return previous
+
+    def device_reserves(self) -> dict[Any, Any] | None:
+        """Each device's ``DeviceReserve`` for the session's map and memory options (what the
+        lanes and the planner show), or ``None`` without options, a model or a map.
+
+        Raises:
+            BadInputError: a config the memory model cannot read, or a map that leaves a
+                decoder layer on no device.
+        """
+        if self.memory is None or self.opened is None or not self.device_map:
+            return None
+        return planned_reserves(self.opened, self.device_map, self.memory)
+
     def set_planner_options(self, options: Mapping[str, Any], *, reason: str = "") -> dict:
         """Replace the planner options; return the previous ones."""
         previous, self.planner_options = self.planner_options, dict(options)
@@ -304,6 +340,7 @@ class Session:
             "device_map": dict(self.device_map),
             "budgets": [[device, nbytes] for device, nbytes in self.budgets.items()],
             "reserve": self.reserve,
+            "memory": None if self.memory is None else self.memory.to_dict(),
             "planner_options": self.planner_options,
             "profile": _profile_to_json(self.profile),
             "precision_map": dict(self.precision_map),
@@ -358,6 +395,7 @@ class Session:
                 dtype=data.get("dtype"),
                 profile=_profile_from_json(data.get("profile")),
                 precision_map=data.get("precision_map") or {},
+                memory=_memory_from_json(data.get("memory"), origin),
             )
         except (TypeError, ValueError) as exc:
             raise SessionFileError(f"{origin}: malformed session field: {exc}") from exc
@@ -390,6 +428,7 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "device_map": ((dict,), "an object"),
     "budgets": ((list,), "a list of [device, bytes] pairs"),
     "reserve": ((int,), "an integer"),
+    "memory": ((dict,), "an object"),
     "planner_options": ((dict,), "an object"),
     "profile": ((dict,), "an object"),
     "precision_map": ((dict,), "an object"),
@@ -413,6 +452,22 @@ def _check_field_types(data: Mapping[str, Any], origin: str) -> None:
                 f'{origin}: field "budgets" item {index} must be a [device, bytes] pair, '
                 f"got {pair!r:.60}"
             )
+
+
+def _check_memory(memory: Any) -> MemoryOptions | None:
+    if memory is not None and not isinstance(memory, MemoryOptions):
+        raise BadInputError(f"memory options must be MemoryOptions, got {type(memory).__name__}")
+    return memory
+
+
+def _memory_from_json(value: Any, origin: str) -> MemoryOptions | None:
+    """The ``"memory"`` field (``None`` when absent: a file saved before it was stored)."""
+    if value is None:
+        return None
+    try:
+        return MemoryOptions.from_dict(value)
+    except BadInputError as exc:
+        raise SessionFileError(f'{origin}: field "memory": {exc}') from None
 
 
 def _check_precision_map(precision_map: Mapping[str, Any]) -> dict[str, str]:

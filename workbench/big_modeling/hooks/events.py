@@ -26,6 +26,9 @@ def report_onload(
 ) -> None:
     """Report one ``TransferEvent`` per source ("cpu", "disk") of ``hook``'s offloaded slots.
 
+    Its bytes are what the slots read where they are stored (``TensorSlot.nbytes``): a
+    quantized disk weight counts its packed tensors, not its placeholder's dtype x shape.
+
     Args:
         recorder: the installed recorder.
         hook: the ``AlignDevicesHook`` that just materialised its weights.

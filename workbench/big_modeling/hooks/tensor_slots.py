@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import Parameter
 
+from workbench.big_modeling.dtypes import lookup_dtype
 from workbench.big_modeling.errors import CheckpointError
 
 TiedParamsMap = dict[int, dict[Any, Tensor]]
@@ -156,6 +158,7 @@ class TensorSlot:
         "requires_grad",
         "source",
         "stable",
+        "tensor_nbytes",
         "tie",
     )
 
@@ -172,7 +175,8 @@ class TensorSlot:
         self.name, self.owner, self.attr, self.is_param = name, owner, attr, is_param
         self.dtype = tensor.dtype
         self.requires_grad = bool(tensor.requires_grad)
-        self.nbytes = tensor.numel() * tensor.element_size()
+        self.tensor_nbytes = held_nbytes(tensor)
+        self.nbytes = self.tensor_nbytes
         meta = tensor.detach().to(_META) if tensor.device != _META else tensor.detach()
         self.placeholder = as_parameter(meta, self.requires_grad) if is_param else meta
         self.tie = tie
@@ -183,10 +187,16 @@ class TensorSlot:
         self.key = name
 
     def resolve(self, weights_map: Mapping[str, Tensor]) -> None:
-        """Read this slot's stored value straight from the mapping under any prefixed views."""
+        """Read this slot's stored value straight from the mapping under any prefixed views.
+
+        ``nbytes`` becomes what a materialisation reads from there: a disk entry's stored bytes
+        (a quantized weight's packed tensors), not the placeholder's dtype x shape.
+        """
         self.mapping, self.key = unwrap_prefixed(weights_map, self.name)
         self.source, self.stable = describe_source(weights_map, self.name)
         self.cached_source = self.cached_value = None
+        stored = stored_nbytes_in(self.mapping, self.key)
+        self.nbytes = self.tensor_nbytes if stored is None else stored
 
     def materialize(
         self, stored: Tensor, device: torch.device | None, non_blocking: bool
@@ -239,6 +249,53 @@ def describe_source(weights_map: Mapping[str, Tensor], name: str) -> tuple[str, 
         value = mapping.get(key)
         return (_label(value), True) if isinstance(value, Tensor) else ("cpu", False)
     return "cpu", False
+
+
+def held_nbytes(tensor: Tensor) -> int:
+    """Bytes of a tensor's data; for a wrapper subclass (a torchao packed weight, which reports
+    its unquantized dtype and shape), the sum over its inner tensors.
+
+    Example:
+        >>> held_nbytes(torch.zeros(4, 4, dtype=torch.bfloat16))
+        32
+    """
+    if hasattr(type(tensor), "__tensor_flatten__"):
+        names, _attributes = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+        return sum(held_nbytes(getattr(tensor, name)) for name in names)
+    return tensor.numel() * tensor.element_size()
+
+
+def stored_nbytes_in(mapping: Mapping[str, Any], key: str) -> int | None:
+    """Bytes ``mapping[key]`` holds where it is stored, without reading it; ``None`` if unknown.
+
+    An in-memory value counts its data (``held_nbytes``). An offload-folder entry counts its
+    index record's dtype x shape, and a ``"torchao"`` record the sum of its packed inner
+    entries (the bytes a hook reads from the ``*.quantized-*.safetensors`` file).
+    """
+    state_dict = getattr(mapping, "state_dict", None)
+    index = getattr(mapping, "index", None)
+    if isinstance(state_dict, Mapping) and isinstance(index, Mapping):
+        value = state_dict.get(key)
+        return held_nbytes(value) if isinstance(value, Tensor) else _entry_nbytes(index, key)
+    if isinstance(mapping, dict):
+        value = mapping.get(key)
+        return held_nbytes(value) if isinstance(value, Tensor) else None
+    return None
+
+
+def _entry_nbytes(index: Mapping[str, Any], key: str) -> int | None:
+    info = index.get(key)
+    if not isinstance(info, Mapping):
+        return None
+    record = info.get("torchao")
+    if isinstance(record, Mapping):
+        inner = record.get("tensors")
+        parts = [_entry_nbytes(index, name) for name in (inner or {}).values()]
+        return sum(parts) if parts and None not in parts else None  # type: ignore[arg-type]
+    dtype, shape = lookup_dtype(info.get("dtype")), info.get("shape")
+    if dtype is None or not isinstance(shape, (list, tuple)):
+        return None
+    return math.prod(int(size) for size in shape) * dtype.itemsize
 
 
 def _label(tensor: Tensor) -> str:

@@ -310,7 +310,9 @@ def load_checkpoint_and_dispatch(
     if precision_map is not None:
         from workbench.big_modeling.quantization.apply import quantize_model  # noqa: PLC0415 (torchao is heavy)
 
-        quantize_model(model, precision_map, offload_folder=offload_folder)
+        quantize_model(
+            model, precision_map, offload_folder=offload_folder, progress=progress, cancel=cancel
+        )
     if device_map is None:
         return model
     return dispatch_model(

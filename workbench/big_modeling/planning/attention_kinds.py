@@ -218,6 +218,9 @@ class AttentionLayout:
         gated_mlp: whether the MLP has gate and up projections (Llama family) or one (GPT-2).
         encoder_decoder: whether the model has an encoder whose output the decoder attends to.
         relative_position_bias: whether attention adds a materialised position bias (T5).
+        rotary_dim: width of the rotary embedding's cos and sin per token (``0``: no rotary
+            embedding); the MLA rope width, or ``head_dim`` times ``partial_rotary_factor``.
+        mlp_activation: the MLP's activation function name (``hidden_act``...), ``""`` if unstated.
         warnings: messages about keys that were not understood (also raised as warnings).
     """
 
@@ -230,6 +233,8 @@ class AttentionLayout:
     gated_mlp: bool
     encoder_decoder: bool
     relative_position_bias: bool = False
+    rotary_dim: int = 0
+    mlp_activation: str = ""
     warnings: tuple[str, ...] = ()
 
 
@@ -282,6 +287,19 @@ def _state_shape(config: Any, model_type: str, hidden: int) -> StateShape | None
             inner + 2 * groups * d_state, kernel, (heads, head, d_state), "mamba2", chunk
         )
     return StateShape(inner, kernel, (inner, d_state), "mamba")
+
+
+def _rotary_dim(config: Any, mla: MlaShape | None, head_dim: int) -> int:
+    """Width of the rotary cos/sin per token: 0 without ``rope_parameters`` / ``rope_theta``."""
+    rope = getattr(config, "rope_parameters", None)
+    if not isinstance(rope, dict) and not getattr(config, "rope_theta", None):
+        return 0
+    if mla is not None:
+        return mla.qk_rope_head_dim
+    factor = (rope or {}).get("partial_rotary_factor") or getattr(
+        config, "partial_rotary_factor", None
+    )
+    return int(head_dim * factor) if isinstance(factor, (int, float)) else head_dim
 
 
 def _layer_types(config: Any, count: int, model_type: str) -> list[str]:
@@ -432,7 +450,12 @@ def read_attention_layout(config: Any, *, warn: bool = True) -> AttentionLayout:
         if warn:
             warnings.warn(messages[0], AttentionKindWarning, stacklevel=2)
     intermediate = _int(text, _INTERMEDIATE) or 4 * hidden
-    act = str(getattr(text, "hidden_act", "") or getattr(text, "activation_function", ""))
+    act = str(
+        getattr(text, "hidden_act", "")
+        or getattr(text, "hidden_activation", "")
+        or getattr(text, "activation_function", "")
+        or getattr(text, "dense_act_fn", "")
+    )
     gated = model_type.startswith(
         ("llama", "mistral", "qwen", "gemma", "deepseek", "bamba", "jamba")
     )
@@ -447,5 +470,7 @@ def read_attention_layout(config: Any, *, warn: bool = True) -> AttentionLayout:
         gated_mlp=gated,
         encoder_decoder=encoder_decoder,
         relative_position_bias=_int(text, ("relative_attention_num_buckets",)) is not None,
+        rotary_dim=_rotary_dim(text, mla, head_dim),
+        mlp_activation=act,
         warnings=messages,
     )

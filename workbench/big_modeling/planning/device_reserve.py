@@ -211,7 +211,9 @@ def reserve_per_device(
     Per device ``d``: ``kv(d) = sum of kv_cache_per_layer(...)[i].nbytes for layers i on d``
     (static figures, the most a cache holds) and ``activation(d) = residual + mask +
     max(attention, mlp)`` of a prefill of ``prompt_tokens`` through those layers, plus the
-    logits on the device of the last layer (``activation_peak`` gives the terms).
+    logits on the device of the last layer (``activation_peak`` gives the terms). A chunked
+    prefill (``prompt_tokens < context``) counts the larger of its first chunk and its last,
+    which attends to ``context - prompt_tokens`` cached tokens besides its own.
 
     Args:
         config: a transformers config (or an ``AttentionLayout``).
@@ -264,21 +266,25 @@ def reserve_per_device(
     for device in dict.fromkeys(devices):
         indices = [i for i, d in enumerate(devices) if d == device]
         sub = replace(layout, layers=tuple(layout.layers[i] for i in indices))
-        terms = forward_peak_terms(
-            sub,
-            batch=batch,
-            tokens=prompt_tokens or context,
-            past=0,
-            nbytes=nbytes,
-            attention=attention,
-            logits_to_keep=logits_to_keep,
-        )
         carries_logits = devices[-1] == device
-        candidates = {"attention": terms["attention"], "MLP intermediate": terms["mlp"]}
-        if carries_logits:
-            candidates["logits"] = terms["logits"]
-        largest = max(candidates, key=lambda name: candidates[name])
-        activation = terms["residual"] + terms["mask"] + candidates[largest]
+        activation, largest = 0, "attention"
+        for past in _chunk_pasts(context, prompt_tokens):
+            terms = forward_peak_terms(
+                sub,
+                batch=batch,
+                tokens=min(prompt_tokens or context, context),
+                past=past,
+                nbytes=nbytes,
+                attention=attention,
+                logits_to_keep=logits_to_keep,
+            )
+            candidates = {"attention": terms["attention"], "MLP intermediate": terms["mlp"]}
+            if carries_logits:
+                candidates["logits"] = terms["logits"]
+            chunk_largest = max(candidates, key=lambda name: candidates[name])
+            chunk_peak = terms["residual"] + terms["mask"] + candidates[chunk_largest]
+            if chunk_peak > activation:
+                activation, largest = chunk_peak, chunk_largest
         kv_bytes = sum(kv[i].nbytes for i in indices)
         why = (
             f"{_ranges(indices)} on {device} need {format_nbytes(kv_bytes)} of KV cache at "
@@ -287,6 +293,15 @@ def reserve_per_device(
         )
         result[device] = DeviceReserve(device, tuple(indices), kv_bytes, activation, why)
     return result
+
+
+def _chunk_pasts(context: int, prompt_tokens: int | None) -> tuple[int, ...]:
+    """Tokens cached before the prefill chunks whose peaks bound the prefill: the first chunk
+    (nothing cached: a sliding layer's whole-chunk storage, the encoder's output) and, when the
+    prefill is chunked, the last one, which attends to the whole context."""
+    if prompt_tokens is None or prompt_tokens >= context:
+        return (0,)
+    return (0, context - prompt_tokens)
 
 
 def _kinds(layers: Sequence[LayerKV]) -> str:

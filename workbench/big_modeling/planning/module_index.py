@@ -13,6 +13,7 @@ numbers modules only where it looks; this eager index is its fallback and the re
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,26 @@ class ModuleIndex:
                 gc.enable()
         index._finish()
         return index
+
+    def resized(self, sizes: list[int]) -> ModuleIndex:
+        """A copy with other subtree ``sizes`` (one per position) that shares everything else.
+
+        For planning one model many times with different sizes (the joint precision planner
+        places every candidate): the walk is done once. The copy shares the module list, the
+        names and the caches made so far, so make ``class_names``, ``leaf_positions()`` and the
+        names you need on this index first; nothing but ``sizes`` is written by the planner.
+
+        Raises:
+            ValueError: ``sizes`` does not have one entry per module.
+
+        Example:
+            >>> index = ModuleIndex.build(nn.Sequential(nn.Linear(2, 2)))
+            >>> index.sizes, index.resized([10, 10]).sizes
+            ([24, 24], [10, 10])
+        """
+        if len(sizes) != len(self.sizes):
+            raise ValueError(f"{len(sizes)} sizes for an index of {len(self.sizes)} modules")
+        return dataclasses.replace(self, sizes=sizes)
 
     def _walk(self, model: nn.Module) -> None:
         # The hot loop of planning: one iteration per module, so it touches each module's

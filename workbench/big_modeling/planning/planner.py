@@ -170,6 +170,7 @@ def plan_device_map(
     module_sizes: Mapping[str, int] | None = None,
     reserve_for_map: ReserveForMap | None = None,
     charges: Mapping[str, int] | None = None,
+    module_index: ModuleIndex | None = None,
 ) -> PlanResult:
     """Plan a device map and say why: totals per device and one reason per decision.
 
@@ -203,6 +204,10 @@ def plan_device_map(
     activation reserve. Charges of modules on the CPU or disk count against those devices
     too (conservative: their caches live on the GPU). Reserves for devices without a budget
     (an unlimited disk) are dropped.
+
+    ``module_index`` (``ModuleIndex.build(model)``, sizes as given, e.g. ``resized``) skips the
+    walk over ``model`` for a caller that plans the same model many times; ``module_sizes``
+    and ``charges`` apply to a copy of it.
 
     Returns:
         ``PlanResult(device_map, per_device_bytes, trace)``; ``trace`` holds a ``Placement``
@@ -244,6 +249,7 @@ def plan_device_map(
             explain=True,
             module_sizes=module_sizes,
             charges=charges,
+            module_index=module_index,
         )
         kept = {d: n for d, n in total.items() if n}
         plan = PlanResult(result.device_map, result.per_device_bytes, result.trace, kept)
@@ -390,6 +396,7 @@ def _plan(
     explain: bool,
     module_sizes: Mapping[str, int] | None,
     charges: Mapping[str, int] | None = None,
+    module_index: ModuleIndex | None = None,
 ) -> tuple[PlanResult, dict[Device, int]]:
     """One placement; returns the plan (weights only per device) and the bytes of
     ``charges`` each device received with its modules."""
@@ -398,10 +405,17 @@ def _plan(
             f"unknown planning strategy {strategy!r}; use one of {', '.join(STRATEGIES)}"
         )
     no_split = _no_split_set(no_split_module_classes)
-    if module_sizes is None and not charges:
+    if module_index is not None and (
+        not module_index.modules or module_index.modules[0] is not model
+    ):
+        raise BadInputError("module_index is not an index of this model; build it from the model")
+    if module_index is None and module_sizes is None and not charges:
         index = build_planner_index(model, dtype, special_dtypes, no_split)
     else:  # sizes overridden or charged by name: every module must be numbered
-        index = ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes)
+        if module_index is not None:  # the caller's, walked once: change a copy's sizes only
+            index = module_index.resized(list(module_index.sizes))
+        else:
+            index = ModuleIndex.build(model, dtype=dtype, special_dtypes=special_dtypes)
         if module_sizes is not None:
             _override_sizes(index, module_sizes)
         if charges:

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from torch import nn
 
 from workbench.big_modeling.devices import Device, DeviceValue
 from workbench.big_modeling.errors import BadInputError, MemoryBudgetError
+from workbench.big_modeling.planning.module_index import ModuleIndex
 from workbench.big_modeling.planning.planner import plan_device_map
 from workbench.big_modeling.planning.precision_candidates import (
     PrecisionCandidate,
@@ -226,12 +228,49 @@ class _Search:
     _layer_bytes: dict[str | None, list[int]] = field(default_factory=dict)
     _tensor_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
     _ancestors: dict[str, list[str]] = field(default_factory=dict)
+    #: walk the model once and re-size a copy of its index per candidate (False: the planner
+    #: walks it per candidate, from ``module_sizes``; same plans, kept to check that)
+    REUSE_INDEX: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self._module_names = [name for name, _ in self.model.named_modules()]
         self._layer_index = {name: i for i, name in enumerate(self.layers)}
         self._order = sensitivity_order(len(self.layers))
         self._owner = self._tensor_layers()
+        self._index: ModuleIndex | None = None
+        self._base_sizes: list[int] = []
+        self._tensor_positions: dict[str, list[int]] = {}
+
+    def _indexed(self) -> ModuleIndex:
+        """The model's index, built once, with each module's position-wise base size (what
+        ``module_sizes(base_nbytes)`` gives it) and each tensor's ancestor positions."""
+        if self._index is None:
+            index = ModuleIndex.build(self.model)
+            _ = index.class_names, index.leaf_positions()  # made once, shared by the copies
+            position = {index.name_of(p): p for p in range(len(index.modules))}
+            names = self.module_sizes(self.base_nbytes)  # fills _ancestors
+            self._base_sizes = [  # a module missing from the names keeps its walked size
+                int(names.get(index.name_of(p), index.sizes[p])) for p in range(len(index.sizes))
+            ]
+            self._tensor_positions = {
+                tensor: [position[name] for name in chain if name in position]
+                for tensor, chain in self._ancestors.items()
+            }
+            self._index = index
+        return self._index
+
+    def placement_index(self, tensor_nbytes: Mapping[str, int]) -> ModuleIndex:
+        """The model's index with every module sized from ``tensor_nbytes`` (``module_sizes``
+        of it, position by position): the base sizes plus each changed tensor's difference."""
+        index = self._indexed()
+        sizes = list(self._base_sizes)
+        base, positions = self.base_nbytes, self._tensor_positions
+        for tensor in self._owner:
+            delta = tensor_nbytes.get(tensor, 0) - base.get(tensor, 0)
+            if delta:
+                for position in positions.get(tensor, ()):
+                    sizes[position] += delta
+        return index.resized(sizes)
 
     def _tensor_layers(self) -> dict[str, int]:
         """Which planned layer each quantizable weight belongs to."""
@@ -321,6 +360,11 @@ class _Search:
         tensor_nbytes = self.tensor_nbytes(assignment)
         average_bits = 8 * sum(tensor_nbytes.values()) / self.param_count
         label = _label(assignment)
+        sizing: dict[str, object] = (
+            {"module_index": self.placement_index(tensor_nbytes)}
+            if self.REUSE_INDEX
+            else {"module_sizes": self.module_sizes(tensor_nbytes)}
+        )
         try:
             plan = plan_device_map(
                 self.model,
@@ -328,7 +372,7 @@ class _Search:
                 strategy=self.strategy,  # type: ignore[arg-type]
                 no_split_module_classes=self.no_split,
                 reserve=self.reserve,
-                module_sizes=self.module_sizes(tensor_nbytes),
+                **sizing,  # type: ignore[arg-type]
             )
         except MemoryBudgetError as exc:
             candidate = PrecisionCandidate(

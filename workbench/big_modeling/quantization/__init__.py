@@ -5,6 +5,10 @@
 - ``sizes``: bytes of a weight per precision, exact to the torchao / bitsandbytes layouts, and
   a precision map applied to a model's tensors and modules.
 - ``keep_high_precision``: the modules left unquantized by default (transformers' quantizers').
+- ``apply``: quantize a loaded model per a precision map; ``backends`` picks the library per
+  precision and device (torchao CPU/CUDA layouts), ``bnb4`` holds nf4/fp4 (bitsandbytes),
+  ``experts`` / ``expert_layout`` the fused 3-D MoE expert weights, ``packed`` the offload
+  folder's records of quantized weights.
 - ``prequantized``: GPTQ / AWQ / compressed-tensors / bitsandbytes checkpoints sized from their
   headers, with their ``quantization_config``.
 

@@ -1,18 +1,22 @@
-"""Quantize a loaded model's ``nn.Linear`` weights per a precision map, with torchao, on CPU.
+"""Quantize a loaded model's ``nn.Linear`` weights (and fused MoE experts) per a precision map.
 
-Which library and why (measured on this project's CPU machine, torch 2.13 CPU, torchao 0.18):
+Which library and why (measured on this project's CPU machine, torch 2.13 CPU, torchao 0.18,
+bitsandbytes 0.50; the choice per device is ``backends``'):
 
 - ``int8``: ``Int8WeightOnlyConfig`` -> ``Int8Tensor`` (int8 per output channel + fp32 scale);
-  runs on CPU (``bfloat16[1024, 1024]`` decode matmul 0.6x the bf16 time).
-- ``int4-g*``: torchao's CPU int4 layout, ``PrototypeInt4WeightOnlyConfig`` ->
+  runs on CPU (``bfloat16[1024, 1024]`` decode matmul 0.6x the bf16 time) and CUDA.
+- ``int4-g*``: on CPU torchao's CPU int4 layout, ``PrototypeInt4WeightOnlyConfig`` ->
   ``Int4OpaqueTensor`` (two int4 per byte, tinygemm CPU kernel ``_weight_int4pack_mm_for_cpu``,
   bf16 scale+zero per group). The stable ``Int4WeightOnlyConfig`` layouts all fail on CPU in 0.18
   (``plain`` needs mslk, ``plain_int32`` refuses cpu, ``tile_packed_to_4d`` needs CUDA), and
   ``IntxWeightOnlyConfig(int4)`` keeps one int4 per *byte*, so it would not save the memory the
-  plan promises.
+  plan promises. On CUDA: ``Int4WeightOnlyConfig`` (``backends``).
 - ``fp8``: ``Float8WeightOnlyConfig`` -> ``Float8Tensor`` (e4m3 + fp32 scale per row).
-- ``nf4``/``fp4``: no CPU load path here yet (they are planned, not loaded): ``BadInputError``.
+- ``nf4``/``fp4`` (``-dq``): bitsandbytes' ``quantize_4bit`` -> ``bnb4.Bnb4bitTensor`` (chosen
+  over torchao's ``NF4Tensor`` by measurement, see ``bnb4``); needs bitsandbytes installed.
 - plain dtypes: the weight (and bias) are cast.
+- fused MoE experts (3-D ``[E, N, K]``, ``experts``): the same formats, one expert at a time
+  where torchao has no 3-D layout; the experts then run transformers' eager forward.
 
 Tiers: a module whose weight is a real tensor (cpu) is quantized in place. A module whose weight
 is on ``meta`` with an entry in the offload folder (``"disk"`` in the device map) is read from the
@@ -20,7 +24,9 @@ folder one module at a time, quantized on the CPU, and its packed inner tensors 
 to ``<weight>.quantized-<id>.safetensors`` in the folder; the index entry of the weight becomes a
 ``"torchao"`` record naming those tensors, and ``OffloadedWeightsLoader`` rebuilds the torchao
 weight lazily each time a hook brings the module in (see ``packed.read_packed_entry``). The model
-keeps a ``meta`` placeholder. Quantized modules run on the CPU execution device.
+keeps a ``meta`` placeholder. Weights mapped to a CUDA device are quantized there with torchao's
+CUDA layouts (or bitsandbytes'); cpu and disk modules of a map with a GPU run on that GPU, so
+their precision must run there (``backends.check_offloaded``).
 
 Example:
     >>> report = quantize_model(model, {"": "bfloat16", "layers.0": "int8"})  # doctest: +SKIP
@@ -32,48 +38,51 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from torchao.core.config import AOBaseConfig
-from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
-from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
-from workbench.big_modeling.atomic import atomic_path
 from workbench.big_modeling.device_map.coverage import tied_parameter_groups
 from workbench.big_modeling.device_map.value import device_for
 from workbench.big_modeling.dtypes import dtype_name
 from workbench.big_modeling.errors import BadInputError, CheckpointError
-from workbench.big_modeling.offload.folder import (
-    OffloadedWeightsLoader,
-    load_offload_index,
-    save_offload_index,
+from workbench.big_modeling.progress import CancelToken, LoadProgress, ProgressCallback
+from workbench.big_modeling.quantization.backends import (
+    check_device,
+    check_offloaded,
+    offload_execution_device,
+    quantize_weight,
+)
+from workbench.big_modeling.quantization.backends import torchao_config as backend_config
+from workbench.big_modeling.quantization.disk_writer import DiskWriter
+from workbench.big_modeling.quantization.experts import (
+    CPU_INT4_ROWS,
+    fused_experts_work,
+    quantize_experts,
+    use_eager_experts,
 )
 from workbench.big_modeling.quantization.keep_high_precision import default_keep_high_precision
-from workbench.big_modeling.quantization.packed import flatten_packed, is_packed, stored_nbytes
+from workbench.big_modeling.quantization.packed import stored_nbytes
 from workbench.big_modeling.quantization.precisions import Precision, parse_precision
 
 logger = logging.getLogger(__name__)
 
-PACKED_FILE_PATTERN = re.compile(r".+\.quantized-[0-9a-f]{8}\.safetensors")
-"""Names of the packed-weight files ``quantize_model`` writes into an offload folder."""
-
 
 @dataclass(frozen=True)
 class QuantizedModule:
-    """One ``nn.Linear`` after ``quantize_model``.
+    """One ``nn.Linear`` (or fused experts weight) after ``quantize_model``.
 
     Attributes:
-        name: the module name (``"model.layers.3.mlp.up_proj"``).
+        name: the module name (``"model.layers.3.mlp.up_proj"``); for fused experts the
+            parameter's (``"model.layers.3.mlp.experts.gate_up_proj"``).
         precision: the canonical precision name applied (``"int4-g64"``, ``"bfloat16"``).
-        tier: ``"cpu"`` (quantized in place) or ``"disk"`` (packed tensors in the offload folder).
+        tier: ``"cpu"`` or a CUDA device (``"cuda:0"``): quantized in place; ``"disk"``: packed
+            tensors in the offload folder.
         weight_nbytes: bytes the weight now takes (packed data + scales + zero points).
         original_nbytes: bytes the weight took before.
     """
@@ -116,32 +125,20 @@ class QuantizeReport:
         return totals
 
 
-def torchao_config(precision: Precision | str) -> AOBaseConfig | None:
-    """The torchao weight-only config for a precision; ``None`` for a plain dtype.
+def torchao_config(
+    precision: Precision | str, device: str | torch.device = "cpu"
+) -> AOBaseConfig | None:
+    """The torchao weight-only config for a precision on a device; ``None`` for a plain dtype.
 
-    Raises:
-        BadInputError: ``nf4``/``fp4``, which have no CPU load path in this workbench yet.
+    ``nf4``/``fp4`` are bitsandbytes formats (``quantization.bnb4``): ``BadInputError``. The
+    choice per device is ``quantization.backends``'s.
 
     Example:
         >>> type(torchao_config("int8")).__name__
         'Int8WeightOnlyConfig'
     """
     precision = parse_precision(precision)
-    if precision.kind == "int8":
-        return Int8WeightOnlyConfig()
-    if precision.kind == "int4":
-        # set_inductor_config=False: do not change torch._inductor globals for the whole process
-        return PrototypeInt4WeightOnlyConfig(
-            group_size=precision.group_size or 128, set_inductor_config=False
-        )
-    if precision.kind == "fp8":
-        return Float8WeightOnlyConfig()
-    if precision.kind in ("nf4", "fp4"):
-        raise BadInputError(
-            f"precision {precision.name} can be planned but not loaded on this machine (no CPU "
-            "load path for NF4/FP4 yet); load with int8, int4-g32/64/128 or fp8 instead"
-        )
-    return None
+    return backend_config(precision, device) if precision.quantized else None
 
 
 def resolve_precision_map(
@@ -179,16 +176,22 @@ def _tied_weights(model: nn.Module) -> set[str]:
     return {name for group in tied_parameter_groups(model) if len(group) > 1 for name in group}
 
 
-def _quantize_tensor(weight: torch.Tensor, config: AOBaseConfig) -> torch.Tensor:
-    """A packed copy of a CPU weight (``quantize_`` on a throwaway one-weight module)."""
-    holder = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    holder.weight = nn.Parameter(weight, requires_grad=False)
-    quantize_(holder, config)
-    if not is_packed(holder.weight):
-        raise BadInputError(
-            f"torchao left a {list(weight.shape)} weight unquantized under {type(config).__name__}"
-        )
-    return holder.weight
+def _check_offloaded_work(
+    model: nn.Module, work: list[tuple[str, nn.Module, str, Precision]]
+) -> None:
+    """Refuse, before changing anything, cpu/disk precisions that cannot run on the GPU."""
+    main = offload_execution_device(model)
+    if main is None:
+        return
+    for name, module, weight_name, precision in work:
+        weight = getattr(module, weight_name.rpartition(".")[2])
+        if precision.quantized and weight.device.type in ("cpu", "meta"):
+            check_offloaded(name, main, precision, weight.dtype)
+
+
+def _weight_nbytes(module: nn.Module, weight_name: str) -> int:
+    weight = getattr(module, weight_name.rpartition(".")[2])
+    return weight.numel() * weight.element_size()
 
 
 def _skip_reason(module: nn.Linear, precision: Precision) -> str | None:
@@ -197,66 +200,13 @@ def _skip_reason(module: nn.Linear, precision: Precision) -> str | None:
             f"in_features {module.in_features} is not a multiple of the int4 group size "
             f"{precision.group_size}; kept as loaded"
         )
+    on_cpu = module.weight.device.type in ("cpu", "meta")  # meta: a disk weight, run on cpu
+    if precision.kind == "int4" and on_cpu and module.out_features % CPU_INT4_ROWS:
+        return (
+            f"out_features {module.out_features} is not a multiple of {CPU_INT4_ROWS}, which "
+            "torchao's CPU int4 packing needs; kept as loaded"
+        )
     return None
-
-
-class _DiskWriter:
-    """Writes packed weights of disk modules to the offload folder; index merged at ``commit``."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.weights = OffloadedWeightsLoader(save_folder=folder)
-        self.entries: dict[str, dict[str, Any]] = {}
-        self.files: list[Path] = []
-        self._id = uuid.uuid4().hex[:8]
-
-    def read(self, weight_name: str) -> torch.Tensor:
-        if weight_name not in self.weights.index:
-            raise CheckpointError(
-                f"{weight_name} is on the meta device and offload folder {self.folder} has no "
-                "entry for it; load the checkpoint with this offload folder before quantizing."
-            )
-        return self.weights[weight_name]
-
-    def write(self, weight_name: str, packed: torch.Tensor) -> None:
-        inner, record = flatten_packed(packed, where=weight_name)
-        file = self.folder / f"{weight_name}.quantized-{self._id}.safetensors"
-        keys = {name: f"{weight_name}:{name}" for name in inner}
-        with atomic_path(file) as tmp:
-            save_file({keys[name]: tensor for name, tensor in inner.items()}, str(tmp))
-        self.files.append(file)
-        for name, tensor in inner.items():
-            self.entries[keys[name]] = {
-                "dtype": dtype_name(tensor.dtype),
-                "shape": list(tensor.shape),
-                "safetensors_file": str(file.absolute()),
-                "weight_name": keys[name],
-            }
-        self.entries[weight_name] = {
-            "dtype": record["dtype"],
-            "shape": record["shape"],
-            "torchao": {
-                "type": record["type"],
-                "attributes": record["attributes"],
-                "tensors": keys,
-            },
-        }
-
-    def commit(self) -> None:
-        """Merge the entries into ``index.json`` (atomic), then drop unreferenced packed files."""
-        save_offload_index(self.entries, self.folder)
-        referenced = {
-            Path(info["safetensors_file"]).name
-            for info in load_offload_index(self.folder).values()
-            if "safetensors_file" in info
-        }
-        for path in self.folder.iterdir():
-            if PACKED_FILE_PATTERN.fullmatch(path.name) and path.name not in referenced:
-                path.unlink(missing_ok=True)  # a live model's memory map stays valid (POSIX)
-
-    def abort(self) -> None:
-        for file in self.files:
-            file.unlink(missing_ok=True)
 
 
 def quantize_model(
@@ -264,8 +214,10 @@ def quantize_model(
     precision_map: Mapping[str, Any],
     *,
     offload_folder: str | os.PathLike[str] | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
 ) -> QuantizeReport:
-    """Quantize (or cast) every ``nn.Linear`` a precision map covers, where its weight lives.
+    """Quantize (or cast) every ``nn.Linear`` and fused experts weight a precision map covers.
 
     Call it after ``load_checkpoint_in_model`` and before ``dispatch_model`` (or pass
     ``precision_map=`` to ``load_checkpoint_and_dispatch``, which does exactly that).
@@ -276,37 +228,64 @@ def quantize_model(
         precision_map: ``{module name: precision}``; the longest covering key names a module's
             precision (``""`` covers all); modules no key covers are left as loaded.
         offload_folder: the load's offload folder (needed when a covered weight is on ``meta``).
+        progress: Keyword-only. Called with a ``LoadProgress`` (phase ``"quantizing"``): once at
+            the start (0 bytes), then after each module, with the weight bytes (as loaded) of
+            the modules done so far against those of all the modules it will change.
+        cancel: Keyword-only. Checked before every module and before the index is written; a
+            cancel raises ``LoadCancelled`` and leaves the offload folder's files and index as
+            they were (modules already quantized in memory stay so: discard the model).
 
     Returns:
         A ``QuantizeReport`` with the bytes of every covered weight, per tier.
 
     Raises:
-        BadInputError: an unknown precision, a precision with no CPU load path (``nf4``), or a
-            quantized precision for a weight on an accelerator.
+        BadInputError: an unknown precision, nf4/fp4 without bitsandbytes, or a precision that
+            cannot run where the weight runs (named with module and device; ``backends``).
         CheckpointError: a ``meta`` weight the offload folder does not hold.
         OffloadError: the packed files or the index could not be written (nothing is left).
+        LoadCancelled: ``cancel`` was set.
 
     Example:
         >>> quantize_model(model, {"": "int8"}, offload_folder="offload")  # doctest: +SKIP
     """
     precisions = {key: parse_precision(value) for key, value in precision_map.items()}
     tied = _tied_weights(model)
-    writer = _DiskWriter(Path(offload_folder)) if offload_folder is not None else None
+    writer = DiskWriter(Path(offload_folder)) if offload_folder is not None else None
     done: list[QuantizedModule] = []
     skipped: list[tuple[str, str]] = []
+    work: list[tuple[str, nn.Module, str, Precision]] = []
+    for name, module in model.named_modules():
+        precision = device_for(name, precisions)
+        if precision is None:
+            continue
+        if not isinstance(module, nn.Linear):
+            expert_work, expert_skips = fused_experts_work(name, module, precision)
+            work.extend(expert_work)
+            skipped.extend(expert_skips)
+            continue
+        weight_name = f"{name}.weight" if name else "weight"
+        reason = _skip_reason(module, precision)
+        if precision.quantized and weight_name in tied:
+            reason = "its weight is tied to another module's; kept as loaded"
+        if reason is not None:
+            skipped.append((name, reason))
+            continue
+        work.append((name, module, weight_name, precision))
+    _check_offloaded_work(model, work)
+    sizes = [_weight_nbytes(item[1], item[2]) for item in work]
+    total, bytes_done = sum(sizes), 0
+    if progress is not None:
+        progress(LoadProgress(0, total, "", "quantizing"))
     try:
-        for name, module in model.named_modules():
-            precision = device_for(name, precisions)
-            if precision is None or not isinstance(module, nn.Linear):
-                continue
-            weight_name = f"{name}.weight" if name else "weight"
-            reason = _skip_reason(module, precision)
-            if precision.quantized and weight_name in tied:
-                reason = "its weight is tied to another module's; kept as loaded"
-            if reason is not None:
-                skipped.append((name, reason))
-                continue
+        for (name, module, weight_name, precision), nbytes in zip(work, sizes, strict=True):
+            if cancel is not None:
+                cancel.raise_if_cancelled()
             done.append(_apply_one(module, name, weight_name, precision, writer))
+            bytes_done += nbytes
+            if progress is not None:
+                progress(LoadProgress(bytes_done, total, weight_name, "quantizing"))
+        if cancel is not None:
+            cancel.raise_if_cancelled()
         if writer is not None and writer.entries:
             writer.commit()
     except BaseException:
@@ -320,48 +299,54 @@ def quantize_model(
 
 
 def _apply_one(
-    module: nn.Linear,
+    module: nn.Module,
     name: str,
     weight_name: str,
     precision: Precision,
-    writer: _DiskWriter | None,
+    writer: DiskWriter | None,
 ) -> QuantizedModule:
-    weight = module.weight
+    """Quantize or cast one weight: an ``nn.Linear``'s, or a fused 3-D experts weight.
+
+    For experts, ``name`` and ``weight_name`` are both the parameter's full name.
+    """
+    attr = weight_name.rpartition(".")[2]
+    experts = not isinstance(module, nn.Linear)
+    weight = getattr(module, attr)
     on_disk = weight.device.type == "meta"
     if on_disk and writer is None:
         raise CheckpointError(
             f"{weight_name} is on the meta device; pass the load's offload_folder= to quantize "
             "its disk copy"
         )
-    if not on_disk and weight.device.type != "cpu" and precision.quantized:
-        raise BadInputError(
-            f"{name}: quantized loads run on the CPU tier here; its weight is on {weight.device}. "
-            "Map the module to cpu or disk, or keep it in a plain dtype."
-        )
+    if not on_disk:
+        check_device(name, weight.device, precision, weight.dtype)
     source = writer.read(weight_name) if on_disk and writer is not None else weight.detach()
     original_nbytes = source.numel() * source.element_size()
-    config = torchao_config(precision)
-    if config is None:
+    tier = "disk" if on_disk else str(weight.device)
+    if not precision.quantized:
         assert precision.dtype is not None
-        _cast_module(module, precision.dtype)
+        _cast_module(module, precision.dtype, (attr,) if experts else ("weight", "bias"))
         nbytes = source.numel() * precision.dtype.itemsize
-        tier = "disk" if on_disk else "cpu"
         return QuantizedModule(name, precision.name, tier, nbytes, original_nbytes)
-    packed = _quantize_tensor(source, config)
+    if experts:
+        packed = quantize_experts(source, precision)
+        use_eager_experts(module)
+    else:
+        packed = quantize_weight(source, precision)
     if on_disk and writer is not None:
         writer.write(weight_name, packed)
-        module.weight = nn.Parameter(
-            torch.empty(weight.shape, dtype=packed.dtype, device="meta"), requires_grad=False
-        )
+        placeholder = torch.empty(weight.shape, dtype=packed.dtype, device="meta")
+        setattr(module, attr, nn.Parameter(placeholder, requires_grad=False))
     else:
-        module.weight = nn.Parameter(packed, requires_grad=False)
-    tier = "disk" if on_disk else "cpu"
+        setattr(module, attr, nn.Parameter(packed, requires_grad=False))
     return QuantizedModule(name, precision.name, tier, stored_nbytes(packed), original_nbytes)
 
 
-def _cast_module(module: nn.Linear, dtype: torch.dtype) -> None:
+def _cast_module(
+    module: nn.Module, dtype: torch.dtype, attrs: tuple[str, ...] = ("weight", "bias")
+) -> None:
     """Cast weight and bias; a disk weight keeps its bytes and is cast by the hook per forward."""
-    for attr in ("weight", "bias"):
+    for attr in attrs:
         param = getattr(module, attr)
         if param is None or param.dtype == dtype:
             continue

@@ -31,16 +31,22 @@ import torch
 from torchao.prototype.quantization.int4 import Int4OpaqueTensor
 from torchao.quantization import Float8Tensor, Int8Tensor
 from torchao.quantization.quantize_.common import KernelPreference
+from torchao.utils import TorchAOBaseTensor
 
 from workbench.big_modeling.dtypes import dtype_name, lookup_dtype
 from workbench.big_modeling.errors import CheckpointError
+from workbench.big_modeling.quantization.bnb4 import Bnb4bitTensor
+from workbench.big_modeling.quantization.experts import Int4ExpertsTensor
 
 PACKED_CLASSES: dict[str, type[torch.Tensor]] = {
     "Int8Tensor": Int8Tensor,
     "Int4OpaqueTensor": Int4OpaqueTensor,
     "Float8Tensor": Float8Tensor,
+    "Bnb4bitTensor": Bnb4bitTensor,
+    "Int4ExpertsTensor": Int4ExpertsTensor,
 }
-"""The torchao weight classes a record may name (what ``apply`` produces on CPU)."""
+"""The weight classes a record may name (what ``apply`` produces on CPU): torchao's, and this
+package's nf4/fp4 (``bnb4``) and stacked int4 experts (``experts``) wrappers."""
 
 _ENUMS: dict[str, type[enum.Enum]] = {"KernelPreference": KernelPreference}
 
@@ -69,7 +75,7 @@ def stored_nbytes(tensor: torch.Tensor) -> int:
         >>> stored_nbytes(torch.zeros(4, 4, dtype=torch.bfloat16))  # 16 * 2 B
         32
     """
-    if is_packed(tensor):
+    if is_packed(tensor) or isinstance(tensor, TorchAOBaseTensor):  # CUDA layouts too
         return sum(stored_nbytes(inner) for inner in inner_tensors(tensor).values())
     if tensor.device.type == "meta":
         return 0

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -114,10 +115,21 @@ def parse_precision(name: object) -> Precision:
     if isinstance(name, Precision):
         return name
     if isinstance(name, str):
-        key = name.strip().lower().removeprefix("torch.")
-        key = _ALIASES.get(key, key)
-        if key in QUANTIZED_CHOICES:
-            return _quantized(key)
+        return _parse_name(name)
+    return _parse_other(name)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_name(name: str) -> Precision:
+    """``parse_precision`` of a string, cached: planners parse the same few names per tensor."""
+    key = name.strip().lower().removeprefix("torch.")
+    key = _ALIASES.get(key, key)
+    if key in QUANTIZED_CHOICES:
+        return _quantized(key)
+    return _parse_other(name)
+
+
+def _parse_other(name: object) -> Precision:
     dtype = lookup_dtype(name)
     if dtype is not None and dtype.is_floating_point and dtype.itemsize >= 2:
         return Precision(dtype_name(dtype), "dtype", dtype.itemsize * 8, dtype=dtype)

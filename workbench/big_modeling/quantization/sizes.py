@@ -25,8 +25,11 @@ Per parameter that is about 8.04 bits for int8 at K = 4096 (8 + 40/K), 4.25 for 
 bfloat16 (4 + 32/128), 4.5 for nf4 (4 + 32/64) and 4.127 for nf4-dq (4 + 8/64 + 32/16384), the
 figures bitsandbytes and torchao document.
 
-Only the ``weight`` of ``nn.Linear`` modules is quantized, as transformers' torchao and
-bitsandbytes quantizers do by default; biases, norms and embeddings keep their planning size.
+Only the ``weight`` of ``nn.Linear`` modules and the fused 3-D MoE expert weights (transformers
+5's ``experts.gate_up_proj [E, N, K]``; ``expert_layout``) are quantized; biases, norms and
+embeddings keep their planning size. Fused experts are quantized one expert at a time on CPU
+(``experts``), so an ``[E, N, K]`` weight takes exactly ``E`` times the ``(N, K)`` weight's bytes
+(for ``int8``/``fp8``, torchao's 3-D layouts hold the same: per-row scales ``[E, N, 1]``).
 ``tensor_nbytes_under`` applies a precision map to a whole model's tensors; ``module_sizes_of``
 sums them per module as the device-map planner wants them.
 
@@ -38,11 +41,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from workbench.big_modeling.quantization.expert_layout import fused_expert_shapes
 from workbench.big_modeling.quantization.precisions import Precision, parse_precision
 
 NF4_BLOCK = 64
@@ -88,6 +92,32 @@ def quantized_weight_nbytes(
     if p.double_quant:
         return packed + blocks + 4 * -(-blocks // NESTED_BLOCK) + NESTED_BLOCK * 4 + 4
     return packed + 4 * blocks
+
+
+CUDA_TILE_K = 1024
+"""torchao's CUDA ``tile_packed_to_4d`` int4 layout pads in_features to a multiple of this."""
+CUDA_TILE_N = 8
+"""... and out_features to a multiple of this (its default ``int4_tile_packed_ntile``)."""
+
+
+def cuda_int4_tile_packed_nbytes(
+    out_features: int, in_features: int, group_size: int, dtype: torch.dtype
+) -> int:
+    """Bytes of an int4 weight in torchao's CUDA ``tile_packed_to_4d`` layout (padded).
+
+    That layout (``Int4TilePackedTo4dTensor``, PyTorch's tinygemm) is what a CUDA int4 load
+    gets where mslk is not installed (``backends``); it pads the weight to ``(ceil8(N),
+    ceil1024(K))`` before packing, so it holds more than ``quantized_weight_nbytes`` (the
+    CPU and mslk ``plain`` layouts) whenever K % 1024 != 0. Taken from torchao 0.18's
+    ``Int4TilePackedTo4dTensor.from_hp``; not checked on a GPU in this project's CI.
+
+    Example:
+        >>> cuda_int4_tile_packed_nbytes(4096, 11008, 128, torch.bfloat16)  # K padded to 11264
+        24510464
+    """
+    n = -(-int(out_features) // CUDA_TILE_N) * CUDA_TILE_N
+    k = -(-int(in_features) // CUDA_TILE_K) * CUDA_TILE_K
+    return n * k // 2 + 2 * (k // group_size) * n * dtype.itemsize
 
 
 def bits_per_weight(
@@ -149,13 +179,17 @@ class QuantizableWeights:
     """What a precision map changes in a model, computed once per model.
 
     Attributes:
-        shapes: ``linear_weight_shapes`` of the model, less the modules kept in high precision.
+        shapes: ``linear_weight_shapes`` of the model plus its fused expert weights (each as
+            one expert's ``(out, in, dtype)``), less the modules kept in high precision.
         planning_dtype: the dtype Linear weights are counted in before quantization (int4
             scales are stored in it); ``None``: each weight's own dtype.
+        experts: ``{tensor: number of experts}`` for the fused expert weights in ``shapes``
+            (their bytes are that many times one expert's).
     """
 
     shapes: Mapping[str, tuple[int, int, torch.dtype]]
     planning_dtype: torch.dtype | None = None
+    experts: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -164,14 +198,19 @@ class QuantizableWeights:
         keep: Iterable[str] = (),
         planning_dtype: torch.dtype | None = None,
     ) -> QuantizableWeights:
-        """The Linear weights of ``model`` outside the modules named in ``keep`` (and below)."""
+        """The Linear and fused expert weights of ``model`` outside the modules in ``keep``."""
         kept = {name for name in keep if name}
         shapes = {
             tensor: shape
             for tensor, shape in linear_weight_shapes(model).items()
             if not _covered(tensor, kept)
         }
-        return cls(shapes=shapes, planning_dtype=planning_dtype)
+        experts: dict[str, int] = {}
+        for tensor, (count, rows, columns, dtype) in fused_expert_shapes(model).items():
+            if not _covered(tensor, kept):
+                shapes[tensor] = (rows, columns, dtype)
+                experts[tensor] = count
+        return cls(shapes=shapes, planning_dtype=planning_dtype, experts=experts)
 
 
 def _covered(tensor: str, prefixes: set[str]) -> bool:
@@ -210,7 +249,7 @@ def tensor_nbytes_under(
         key = (precision, rows, columns, dtype)
         if key not in cache:
             cache[key] = quantized_weight_nbytes(precision, rows, columns, dtype)
-        sizes[tensor] = cache[key]
+        sizes[tensor] = cache[key] * weights.experts.get(tensor, 1)
     return sizes
 
 

@@ -1,0 +1,176 @@
+"""Predicted against measured memory of real loads and runs through the real worker (issue 21).
+
+Every case is one ``workbench run SOURCE --json`` (a fresh worker process, the path the CLI and
+the GUI share): a load, then a run of ``--max-new-tokens`` tokens. Cases: demo models of three
+architectures (``make_demo``: llama, gpt2, bert) and, when its converted folder is in the cache,
+SmolLM2-135M-Instruct; each on two maps, everything on the CPU and CPU + disk (the later half
+of the decoder layers on disk), loaded as stored (fp16: a zero-copy load, the CPU weights stay
+memory-mapped from the checkpoint) and cast to float32 (the CPU weights are anonymous copies,
+the disk weights are written to the offload folder).
+
+The table has one row per job and device: the record's predicted weights (the map's checkpoint
+bytes), measured weights (the resident tensors), predicted reserve (a run's KV cache,
+activations and offloaded block), predicted total, measured total (CPU: anonymous RSS above
+the worker's when the tensors started loading, plus the weights mapped from files; disk: the
+offload files), error, and the runtime overhead the load added before its tensors (imports,
+empty model, tokenizer), measured apart and in no total.
+
+Target: the CPU total within 5% on every row. Exit status 1 when a row misses it.
+
+    python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from workbench.models import make_demo, open_model
+
+ARCHS = ("llama", "gpt2", "bert")
+SMOLLM2 = Path.home() / ".cache/model-memory-workbench/gguf/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f"
+TARGET = 0.05
+PROMPT = "The capital of France is"
+COLUMNS = (
+    "model",
+    "map",
+    "dtype",
+    "job",
+    "device",
+    "pred. weights",
+    "meas. weights",
+    "pred. reserve",
+    "pred. total",
+    "meas. total",
+    "error",
+    "runtime overhead",
+)
+
+
+def _largest_module_list(model: nn.Module) -> str:
+    """The name of the model's longest ``ModuleList`` (its decoder or encoder layers)."""
+    lists = [(len(m), name) for name, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no ModuleList of layers to offload")
+    return max(lists)[1]
+
+
+def cpu_disk_map(model: nn.Module) -> dict[str, str]:
+    """Every module on the CPU but the later half of the layers, which go to disk: one key per
+    child on the path to the layer list, so the keys cover every tensor exactly."""
+    layers = _largest_module_list(model)
+    out: dict[str, str] = {}
+
+    def place(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            full = f"{prefix}.{name}" if prefix else name
+            if full == layers:
+                count = len(child)
+                out.update({f"{full}.{i}": "disk" if i >= count // 2 else "cpu" for i in range(count)})
+            elif layers.startswith(f"{full}."):
+                place(full, child)
+            else:
+                out[full] = "cpu"
+        for name, _ in module.named_parameters(recurse=False):
+            out[f"{prefix}.{name}" if prefix else name] = "cpu"
+        for name, _ in module.named_buffers(recurse=False):
+            out[f"{prefix}.{name}" if prefix else name] = "cpu"
+
+    place("", model)
+    return out
+
+
+def run_case(source: Path, map_file: Path | None, dtype: str | None, tokens: int) -> dict[str, Any]:
+    """``workbench run --json`` in a fresh process; its JSON report."""
+    command = [sys.executable, "-m", "workbench", "run", str(source), "--prompt", PROMPT]
+    command += ["--max-new-tokens", str(tokens), "--json"]
+    if map_file is not None:
+        command += ["--device-map", str(map_file)]
+    if dtype is not None:
+        command += ["--dtype", dtype]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.2f} MiB"
+
+
+def _error(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:+.2f}%"
+
+
+def table_rows(name: str, map_name: str, dtype: str, report: dict[str, Any]) -> list[tuple]:
+    """One row per job and device of ``report`` (a ``workbench run --json`` document)."""
+    rows = []
+    for job, key in (("load", "load"), ("run", "inference")):
+        memory = (report.get(key) or {}).get("memory")
+        for row in (memory or {}).get("devices", ()):
+            if row["device"] == "disk" and not row["predicted_weights_bytes"]:
+                continue  # only the bytes read from the checkpoint: nothing to compare
+            rows.append(
+                (
+                    name,
+                    map_name,
+                    dtype,
+                    job,
+                    row["device"],
+                    _mib(row["predicted_weights_bytes"]),
+                    _mib(row["measured_weights_bytes"]),
+                    _mib(row["predicted_reserve_bytes"]),
+                    _mib(row["predicted_bytes"]),
+                    _mib(row["measured_bytes"]),
+                    _error(row["error_fraction"]),
+                    _mib(row.get("runtime_bytes")),
+                    row["error_fraction"],
+                )
+            )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", default="8M", help="demo parameter count (default 8M)")
+    parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--archs", default=",".join(ARCHS), help="demo architectures")
+    parser.add_argument("--no-smollm2", action="store_true", help="skip SmolLM2-135M")
+    args = parser.parse_args()
+    rows: list[tuple] = []
+    with tempfile.TemporaryDirectory(prefix="bench-memory-loads-") as scratch:
+        root = Path(scratch)
+        sources = [
+            (arch, make_demo(root / arch, arch=arch, params=args.params, shards=2))
+            for arch in args.archs.split(",")
+        ]
+        if SMOLLM2.is_dir() and not args.no_smollm2:
+            sources.append(("SmolLM2-135M", SMOLLM2))
+        for name, source in sources:
+            map_file = root / f"{name}-cpu-disk.json"
+            map_file.write_text(json.dumps(cpu_disk_map(open_model(source).model)))
+            for map_name, path in (("cpu", None), ("cpu+disk", map_file)):
+                for dtype in (None, "float32"):
+                    report = run_case(source, path, dtype, args.max_new_tokens)
+                    found = table_rows(name, map_name, dtype or "as stored", report)
+                    rows.extend(found)
+                    print(f"{name} {map_name} {dtype or 'as stored'}: done", file=sys.stderr)
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "|".join("---" for _ in COLUMNS) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row[:-1]) + " |")
+    cpu = [row for row in rows if row[4] == "cpu"]
+    missed = [row for row in cpu if row[-1] is None or abs(row[-1]) > TARGET]
+    print(f"\nCPU total within {TARGET:.0%}: {len(cpu) - len(missed)} of {len(cpu)} rows")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
