@@ -96,23 +96,21 @@ def _memory_model(llama_config, model):
     return charges, reserve_for_map
 
 
-def test_each_layer_takes_its_cache_to_its_gpu(tiny_llama, llama_config) -> None:
+def _plain_and_reserved(tiny_llama, llama_config, budgets: dict) -> tuple:
+    """The sequential plan without a reserve, and with each layer's cache on its device."""
     charges, reserve_for_map = _memory_model(llama_config, tiny_llama)
+    options = {"max_memory": budgets, "strategy": "sequential",
+               "no_split_module_classes": ["LlamaDecoderLayer"]}  # fmt: skip
+    plain = plan_device_map(tiny_llama, **options)
+    return plain, plan_device_map(
+        tiny_llama, **options, reserve_for_map=reserve_for_map, charges=charges
+    )
+
+
+def test_each_layer_takes_its_cache_to_its_gpu(tiny_llama, llama_config) -> None:
     budgets = {0: 100 * KIB, 1: 340 * KIB, 2: 300 * KIB}
-    plain = plan_device_map(
-        tiny_llama,
-        max_memory=budgets,
-        strategy="sequential",
-        no_split_module_classes=["LlamaDecoderLayer"],
-    )
-    plan = plan_device_map(
-        tiny_llama,
-        max_memory=budgets,
-        strategy="sequential",
-        no_split_module_classes=["LlamaDecoderLayer"],
-        reserve_for_map=reserve_for_map,
-        charges=charges,
-    )
+    _, reserve_for_map = _memory_model(llama_config, tiny_llama)
+    plain, plan = _plain_and_reserved(tiny_llama, llama_config, budgets)
     # GPU 0 (102400 B) keeps room for the largest layer still to place (147968 B): it holds
     # nothing, either way. Without a reserve GPU 1 (348160 B) holds embed + both layers + norm
     # + rotary = 32768 + 2 * 147968 + 256 + 64 = 329024 B.
@@ -142,22 +140,8 @@ def test_each_layer_takes_its_cache_to_its_gpu(tiny_llama, llama_config) -> None
 def test_offloaded_layers_keep_their_cache_on_the_gpu_that_runs_them(
     tiny_llama, llama_config
 ) -> None:
-    charges, reserve_for_map = _memory_model(llama_config, tiny_llama)
     budgets = {0: 100 * KIB, 1: 300 * KIB, "cpu": 1024 * KIB}
-    plain = plan_device_map(
-        tiny_llama,
-        max_memory=budgets,
-        strategy="sequential",
-        no_split_module_classes=["LlamaDecoderLayer"],
-    )
-    plan = plan_device_map(
-        tiny_llama,
-        max_memory=budgets,
-        strategy="sequential",
-        no_split_module_classes=["LlamaDecoderLayer"],
-        reserve_for_map=reserve_for_map,
-        charges=charges,
-    )
+    plain, plan = _plain_and_reserved(tiny_llama, llama_config, budgets)
     # Without a reserve GPU 1 (307200 B) takes embed + layer 0 (180736 B), layer 1 the CPU.
     assert plain.device_map["model.layers.0"] == 1
     # Dispatch runs CPU layers on the map's first GPU (GPU 1 here), so their caches live there.

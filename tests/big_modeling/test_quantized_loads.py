@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -59,6 +60,16 @@ def empty_model(folder: Path) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(folder)
     with init_empty_weights():
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+
+
+def load_on_both_tiers(
+    folder: Path, offload: Path, precision_map: dict[str, str]
+) -> tuple[torch.nn.Module, Any]:
+    """The demo loaded along ``DEVICE_MAP`` (cpu and disk) and quantized per ``precision_map``;
+    the model and ``quantize_model``'s report."""
+    model = empty_model(folder)
+    load_checkpoint_in_model(model, folder, device_map=DEVICE_MAP, offload_folder=offload)
+    return model, quantize_model(model, precision_map, offload_folder=offload)
 
 
 def load_mixed(folder: Path, offload: Path) -> torch.nn.Module:
@@ -157,9 +168,7 @@ def test_measured_bytes_per_tier_match_the_packed_tensors(
 ) -> None:
     """Measured from torchao's tensors and the files on disk, against the planner's sizes."""
     offload = tmp_path / "offload"
-    model = empty_model(demo_folder)
-    load_checkpoint_in_model(model, demo_folder, device_map=DEVICE_MAP, offload_folder=offload)
-    report = quantize_model(model, PRECISION_MAP, offload_folder=offload)
+    model, report = load_on_both_tiers(demo_folder, offload, PRECISION_MAP)
 
     # Hand arithmetic for two weights (bf16 192 x 192 = 73,728 B before):
     # int8 per channel: 192*192 int8 + 192 fp32 scales + 192 int8 zero points

@@ -29,6 +29,7 @@ from tests.big_modeling.test_quantized_loads import (
     DEVICE_MAP,
     LINEARS,
     empty_model,
+    load_on_both_tiers,
     module,
     safetensors_data_nbytes,
 )
@@ -135,9 +136,7 @@ def test_4bit_bytes_per_tier_match_storages_files_and_plan(
     demo_folder: Path, tmp_path: Path
 ) -> None:
     offload = tmp_path / "offload"
-    model = empty_model(demo_folder)
-    load_checkpoint_in_model(model, demo_folder, device_map=DEVICE_MAP, offload_folder=offload)
-    report = quantize_model(model, PRECISION_MAP, offload_folder=offload)
+    model, report = load_on_both_tiers(demo_folder, offload, PRECISION_MAP)
     # by hand, nf4 192 x 192: 18,432 packed + 576 blocks * 4 B absmax + 16 * 4 B code = 20,800
     by_name = {m.name: m for m in report.modules}
     assert by_name["model.layers.0.self_attn.q_proj"].weight_nbytes == 20_800

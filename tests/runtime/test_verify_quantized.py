@@ -20,6 +20,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from tests.big_modeling.test_quantized_loads import DEVICE_MAP  # the cpu + disk split
 from workbench.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
 from workbench.big_modeling.errors import BadInputError
 from workbench.models.demo import make_demo
@@ -29,17 +30,6 @@ from workbench.runtime.verify_quantized import (
     compare_quantized,
     prompt_ids,
 )
-
-DEVICE_MAP = {
-    "model.embed_tokens": "cpu",
-    "model.layers.0": "cpu",
-    "model.layers.1": "cpu",
-    "model.layers.2": "disk",
-    "model.layers.3": "disk",
-    "model.norm": "cpu",
-    "model.rotary_emb": "cpu",
-    "lm_head": "cpu",
-}
 
 
 @pytest.fixture(scope="module")

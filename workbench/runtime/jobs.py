@@ -433,9 +433,13 @@ def _import_quantizers(options: dict[str, Any]) -> None:
     if not precision_map and not quantize:
         return
     import workbench.big_modeling.quantization.apply  # noqa: F401, PLC0415 (torchao)
+    from workbench.big_modeling.quantization.precisions import parse_precision  # noqa: PLC0415
 
-    names = [str(v).lower() for v in (precision_map or {}).values()] + [str(quantize).lower()]
-    if any(name.startswith(("nf4", "fp4")) for name in names):
+    names = [*(precision_map or {}).values(), *([quantize] if quantize else [])]
+    kinds = set()
+    with contextlib.suppress(ValueError):  # a bad name is the quantizer's clear error
+        kinds = {parse_precision(name).kind for name in names}
+    if kinds & {"nf4", "fp4"}:
         with contextlib.suppress(ImportError):  # a missing one is the quantizer's clear error
             import bitsandbytes  # noqa: F401, PLC0415
 
