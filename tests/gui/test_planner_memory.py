@@ -204,3 +204,22 @@ def test_a_model_opened_in_the_window_keeps_the_controls_options(
     window, panel = main_window, main_window.planner_panel
     window.set_opened(str(whatif_config), open_model(str(whatif_config)), None)
     assert window.session.memory == panel.memory_options() and not window.session.dirty
+
+
+def test_restoring_a_session_restores_its_precision_map(
+    qtbot, main_window, whatif_config: Path, test_profile, tmp_path: Path
+) -> None:
+    """A session saved (or autosaved before a crash) with a precision map comes back with it:
+    the Precision column and the quantized sizes, not the model's dtype."""
+    from workbench.runtime.session import Session
+
+    layer = "model.layers.0"
+    path = Session(source=str(whatif_config), device_map={"": 0}, budgets=test_profile.budgets(),
+                   profile=test_profile, precision_map={layer: "nf4"}).save(tmp_path / "p.wbsession.json")  # fmt: skip
+    window = main_window
+    window.restore_session_file(path)
+    qtbot.waitUntil(lambda: window.session.tree is not None or bool(window.errors), timeout=60_000)
+    qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=10_000)
+    assert not window.errors, window.errors
+    assert window.session.precision_map == {layer: "nf4"} and not window.session.dirty
+

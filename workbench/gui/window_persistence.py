@@ -4,7 +4,7 @@ message boxes, and the "Save changes…?" question before unsaved work is closed
 Every way of handing the window a path (``workbench PATH``, ``--open``, File > Open session,
 a drop, the recent list) goes through :meth:`SessionDocuments.open_path`, which asks
 ``workbench.runtime.documents`` what the path is: a session is restored (model, map, budgets,
-reserve and memory options, profile, planner options; the undo clean point is the restored
+reserve and memory options, profile, planner options, precision map; the undo clean point is the restored
 state), a map file is imported into the model it was made for, anything else opens as a model.
 
 Crash recovery: while the "Restore it?" bar is unanswered nothing overwrites or removes the
@@ -297,6 +297,7 @@ class SessionDocuments(QObject):
         session.set_reserve(saved.reserve, reason="restore")
         session.set_memory(saved.memory, reason="restore")  # None in files from before
         session.set_planner_options(saved.planner_options, reason="restore")
+        session.set_precision_map(saved.precision_map, reason="restore")
         if session.device_map != saved.device_map:
             session.set_device_map(saved.device_map, reason="restore")
         undo_stack = self.host.undo_stack
