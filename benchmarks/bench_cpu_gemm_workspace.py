@@ -1,0 +1,76 @@
+"""Resident memory a CPU matmul leaves behind, per dtype and weight shape (issue 21).
+
+The four rows of ``bench_memory_loads.py`` that miss 5% are float32 runs of 8M-parameter demos:
+the measured CPU total is 1-3 MiB above the prediction. This measures why: the first float32
+``linear`` with more than one token (a prefill) leaves MKL's packing buffers resident, per
+thread, kept by MKL's own memory manager (``malloc_trim`` does not return them; setting
+``MKL_DISABLE_FAST_MM=1`` before the process starts does). A one-token decode (a GEMV) and the
+float16/bfloat16 paths leave almost nothing. The workbench does not predict these buffers.
+
+Each case runs in a fresh process, so one case's buffers do not hide the next one's.
+
+    python benchmarks/bench_cpu_gemm_workspace.py [--tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+SHAPES = ((4096, 256), (8192, 512), (512, 8192), (50257, 128))
+DTYPES = ("float32", "bfloat16", "float16")
+
+_CASE = """
+import ctypes, json, sys, torch
+libc = ctypes.CDLL("libc.so.6")
+def anon():
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) * 1024 for l in status if l.startswith("RssAnon"))
+out_f, in_f, tokens, dtype = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+weight = torch.randn(out_f, in_f, dtype=getattr(torch, dtype))
+x = torch.randn(1, tokens, in_f, dtype=weight.dtype)
+libc.malloc_trim(0)
+before = anon()
+torch.nn.functional.linear(x, weight)
+libc.malloc_trim(0)
+print(json.dumps({"left": anon() - before, "weight": weight.nbytes}))
+"""
+
+
+def measure(shape: tuple[int, int], tokens: int, dtype: str, env: dict[str, str]) -> dict[str, int]:
+    """Anonymous RSS one ``linear`` leaves resident after ``malloc_trim``, in a fresh process."""
+    command = [sys.executable, "-c", _CASE, str(shape[0]), str(shape[1]), str(tokens), dtype]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=16, help="rows of the input (prefill length)")
+    args = parser.parse_args()
+    settings = {
+        "default": dict(os.environ),
+        "1 thread": {**os.environ, "OMP_NUM_THREADS": "1"},
+        "MKL_DISABLE_FAST_MM=1": {**os.environ, "MKL_DISABLE_FAST_MM": "1"},
+    }
+    print("| weight (out x in) | dtype | tokens | setting | weight MiB | left resident MiB |")
+    print("|---|---|---|---|---|---|")
+    for shape in SHAPES:
+        for dtype in DTYPES:
+            for tokens in (1, args.tokens):
+                for name, env in settings.items():
+                    if dtype != "float32" and name != "default":
+                        continue
+                    found = measure(shape, tokens, dtype, env)
+                    print(
+                        f"| {shape[0]} x {shape[1]} | {dtype} | {tokens} | {name} "
+                        f"| {found['weight'] / 2**20:.2f} | {found['left'] / 2**20:.2f} |"
+                    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
