@@ -7,7 +7,8 @@ thread, kept by MKL's own memory manager (``malloc_trim`` does not return them; 
 ``MKL_DISABLE_FAST_MM=1`` before the process starts does). A one-token decode (a GEMV) and the
 float16/bfloat16 paths leave almost nothing. The workbench does not predict these buffers.
 
-Each case runs in a fresh process, so one case's buffers do not hide the next one's.
+Each case runs in a fresh process, so one case's buffers do not hide the next one's; it reads
+the worker's own measures (``read_anonymous_bytes`` after ``release_free_heap``).
 
     python benchmarks/bench_cpu_gemm_workspace.py [--tokens 16]
 """
@@ -24,19 +25,16 @@ SHAPES = ((4096, 256), (8192, 512), (512, 8192), (50257, 128))
 DTYPES = ("float32", "bfloat16", "float16")
 
 _CASE = """
-import ctypes, json, sys, torch
-libc = ctypes.CDLL("libc.so.6")
-def anon():
-    with open("/proc/self/status") as status:
-        return next(int(l.split()[1]) * 1024 for l in status if l.startswith("RssAnon"))
+import json, sys, torch
+from workbench.runtime.memory_readings import read_anonymous_bytes, release_free_heap
 out_f, in_f, tokens, dtype = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 weight = torch.randn(out_f, in_f, dtype=getattr(torch, dtype))
 x = torch.randn(1, tokens, in_f, dtype=weight.dtype)
-libc.malloc_trim(0)
-before = anon()
+release_free_heap()
+before = read_anonymous_bytes()
 torch.nn.functional.linear(x, weight)
-libc.malloc_trim(0)
-print(json.dumps({"left": anon() - before, "weight": weight.nbytes}))
+release_free_heap()
+print(json.dumps({"left": read_anonymous_bytes() - before, "weight": weight.nbytes}))
 """
 
 
