@@ -1,11 +1,13 @@
 """Resident memory a CPU matmul leaves behind, per dtype and weight shape (issue 21).
 
-The four rows of ``bench_memory_loads.py`` that miss 5% are float32 runs of 8M-parameter demos:
-the measured CPU total is 1-3 MiB above the prediction. This measures why: the first float32
-``linear`` with more than one token (a prefill) leaves MKL's packing buffers resident, per
+The first float32 ``linear`` of some shapes leaves MKL's packing buffers resident, per
 thread, kept by MKL's own memory manager (``malloc_trim`` does not return them; setting
-``MKL_DISABLE_FAST_MM=1`` before the process starts does). A one-token decode (a GEMV) and the
-float16/bfloat16 paths leave almost nothing. The workbench does not predict these buffers.
+``MKL_DISABLE_FAST_MM=1`` before the process starts does). On CPUs with AVX-512 FP16 / AMX the
+float16 and bfloat16 paths (oneDNN) leave their own buffers; elsewhere they leave almost
+nothing. How much depends on the CPU, the threads and each call's shape and token count: on
+one machine 4096x256 at 16 tokens left 4.07 MiB, on another 0.20 MiB at 13 tokens. So the
+workbench does not model these buffers: it replays a run's matmuls once in a fresh process and
+measures them (``workbench/runtime/gemm_workspace.py``), and adds them to the CPU's reserve.
 
 Each case runs in a fresh process, so one case's buffers do not hide the next one's; it reads
 the worker's own measures (``read_anonymous_bytes`` after ``release_free_heap``).

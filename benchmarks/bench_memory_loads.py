@@ -17,7 +17,15 @@ empty model, tokenizer), measured apart and in no total.
 
 Target: the CPU total within 5% on every row. Exit status 1 when a row misses it.
 
+With a long prompt (``--prompt-repeat 22``: about 400 tokens of the demos' tokenizer) glibc's
+heap holds freed activations: after a large block is freed, glibc raises its mmap threshold to
+that size (dynamic threshold, up to 32 MiB), so later blocks up to it come from the heap and
+stay resident when freed. That is 2-45 MiB above the live tensors here. Run with
+``MALLOC_MMAP_THRESHOLD_=131072`` (a fixed threshold: every block above 128 KiB goes back to
+the system when it is freed) to compare the memory model with the tensors alone.
+
     python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
+        [--prompt-repeat 22]
 """
 
 from __future__ import annotations
@@ -87,9 +95,11 @@ def cpu_disk_map(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def run_case(source: Path, map_file: Path | None, dtype: str | None, tokens: int) -> dict[str, Any]:
+def run_case(
+    source: Path, map_file: Path | None, dtype: str | None, tokens: int, prompt: str = PROMPT
+) -> dict[str, Any]:
     """``workbench run --json`` in a fresh process; its JSON report."""
-    command = [sys.executable, "-m", "workbench", "run", str(source), "--prompt", PROMPT]
+    command = [sys.executable, "-m", "workbench", "run", str(source), "--prompt", prompt]
     command += ["--max-new-tokens", str(tokens), "--json"]
     if map_file is not None:
         command += ["--device-map", str(map_file)]
@@ -143,7 +153,14 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--archs", default=",".join(ARCHS), help="demo architectures")
     parser.add_argument("--no-smollm2", action="store_true", help="skip SmolLM2-135M")
+    parser.add_argument(
+        "--prompt-repeat",
+        type=int,
+        default=1,
+        help="the prompt this many times over (22: about 400 tokens of the demos' tokenizer)",
+    )
     args = parser.parse_args()
+    prompt = " ".join([PROMPT] * args.prompt_repeat)
     rows: list[tuple] = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-loads-") as scratch:
         root = Path(scratch)
@@ -158,10 +175,12 @@ def main() -> int:
             map_file.write_text(json.dumps(cpu_disk_map(open_model(source).model)))
             for map_name, path in (("cpu", None), ("cpu+disk", map_file)):
                 for dtype in (None, "float32"):
-                    report = run_case(source, path, dtype, args.max_new_tokens)
+                    report = run_case(source, path, dtype, args.max_new_tokens, prompt)
                     found = table_rows(name, map_name, dtype or "as stored", report)
                     rows.extend(found)
                     print(f"{name} {map_name} {dtype or 'as stored'}: done", file=sys.stderr)
+    if args.prompt_repeat > 1:
+        print(f"prompt: {PROMPT!r} x {args.prompt_repeat}\n")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "|".join("---" for _ in COLUMNS) + "|")
     for row in rows:

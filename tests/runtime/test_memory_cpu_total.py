@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from workbench.runtime.memory_prediction import without_non_persistent_buffers
 from workbench.runtime.memory_readings import resident_weight_bytes
-from workbench.runtime.memory_reconcile import without_non_persistent_buffers
 from workbench.runtime.protocol import LoadSummary, Result
 from workbench.runtime.worker import WorkerHost
 

@@ -13,13 +13,13 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from workbench.runtime.memory_prediction import offload_staging_bytes
 from workbench.runtime.memory_readings import (
     file_mapped_bytes,
     read_anonymous_bytes,
     resident_weight_bytes,
     weight_ranges,
 )
-from workbench.runtime.memory_reconcile import offload_staging_bytes
 from workbench.runtime.memory_record import DeviceMemory, MemoryReconciliation
 from workbench.runtime.protocol import InferenceResult, LoadSummary, Result
 from workbench.runtime.worker import WorkerHost

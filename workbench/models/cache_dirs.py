@@ -1,10 +1,16 @@
-"""Where the workbench caches what it makes (demo checkpoints, converted GGUF files), and the
-modes a finished cache folder gets."""
+"""Where the workbench caches what it makes (demo checkpoints, converted GGUF files), the
+modes a finished cache folder gets, and how a measurement cache file is read."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+from typing import Any
+
+from workbench.big_modeling.json_files import JsonFileError, read_json
+
+logger = logging.getLogger(__name__)
 
 
 def workbench_cache_dir() -> Path:
@@ -23,3 +29,22 @@ def make_readable(folder: Path) -> None:
     folder.chmod(0o777 & ~umask)
     for path in folder.iterdir():
         path.chmod(0o666 & ~umask)
+
+
+def read_measurement_cache(path: Path, field: str) -> dict[str, Any]:
+    """The ``field`` table of the measurement cache ``path`` (a JSON object); ``{}`` when the
+    file is missing, malformed (logged: it is measured again and rewritten) or has no table."""
+    try:
+        data = read_json(
+            path,
+            what=f"the measurement cache {path.name}",
+            fix="It is measured again and rewritten.",
+            max_nbytes=2**20,
+        )
+    except FileNotFoundError:
+        return {}
+    except JsonFileError as exc:
+        logger.warning("%s", exc)
+        return {}
+    table = data.get(field) if isinstance(data, dict) else None
+    return dict(table) if isinstance(table, dict) else {}

@@ -38,8 +38,7 @@ from typing import Any, Final
 import torch
 
 from workbench.big_modeling.atomic import atomic_write_text
-from workbench.big_modeling.json_files import JsonFileError, read_json
-from workbench.models.cache_dirs import workbench_cache_dir
+from workbench.models.cache_dirs import read_measurement_cache, workbench_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -235,20 +234,7 @@ def cached_link_bandwidth(
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = read_json(
-            path,
-            what=f"the measurement cache {path.name}",
-            fix="It is measured again and rewritten.",
-            max_nbytes=2**20,
-        )
-    except FileNotFoundError:
-        return {}
-    except JsonFileError as exc:
-        logger.warning("%s", exc)
-        return {}
-    devices = data.get("devices") if isinstance(data, dict) else None
-    return dict(devices) if isinstance(devices, dict) else {}
+    return read_measurement_cache(path, "devices")
 
 
 def measured_link_bandwidth(gpu_count: int) -> LinkBandwidth | None:

@@ -535,7 +535,7 @@ def _predicted_weights(
 ) -> dict[str, int]:
     """Weight bytes per device the load should hold (checkpoint tensors: non-persistent buffers
     left out); a quantized load's at its precisions."""
-    from workbench.runtime.memory_reconcile import (  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.runtime.memory_prediction import (  # noqa: PLC0415 (torch; the GUI imports jobs)
         quantized_weights_prediction,
         without_non_persistent_buffers,
     )

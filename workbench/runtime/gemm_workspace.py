@@ -1,0 +1,302 @@
+"""The memory a CPU's matmul libraries keep after a model's forwards, probed per CPU.
+
+torch's CPU matmuls keep buffers resident after their first call of some shapes: MKL's sgemm
+packing buffers, per thread, in its own memory manager (float32); oneDNN's primitives and
+scratchpads (float16 and bfloat16 on CPUs with AVX-512 FP16 or AMX). ``malloc_trim`` returns
+none of them (issue 21, ``benchmarks/bench_cpu_gemm_workspace.py``). How much depends on the
+CPU, the thread count, the libraries, and each call's dtype, shape, token count and order: from
+0.05 MiB to 25 MiB for the same float32 weights on one machine, nothing on another for calls
+that leave 4 MiB on the first; 5.7 MiB for a float16 run of an 8M-parameter GPT-2 (27% of its
+total) on one CPU and 0.1 MiB on another. No formula predicts that, so the run's calls are
+replayed once in a fresh process and what stays resident is measured
+(``probe_gemm_workspace``), cached per CPU, threads, library versions and calls
+(``cpu_gemm_workspace_bytes``). A run's reconciliation adds it to the CPU's predicted reserve
+(``memory_reconcile``).
+
+The calls are the ``nn.Linear`` and ``transformers`` ``Conv1D`` (GPT-2's ``addmm``) forwards
+with float32, float16 or bfloat16 weights of a model that runs on the CPU: the prefill at the
+prompt's length, the output layer at one position when ``generate`` keeps one
+(``logits_to_keep``), then the one-token decode steps. Quantized weights run other kernels
+and are not replayed.
+
+Example:
+    >>> calls = (GemmCall("linear", rows=13, in_features=256, out_features=4096, bias=True),)
+    >>> cpu_gemm_workspace_bytes(calls) >= 0  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from workbench.big_modeling.atomic import atomic_write_text
+from workbench.big_modeling.devices import device_label
+from workbench.models.cache_dirs import read_measurement_cache, workbench_cache_dir
+from workbench.models.device_probe import cpu_kernel_cache_key
+from workbench.runtime.model_inputs import accepts
+
+__all__ = [
+    "GemmCall",
+    "cpu_gemm_calls",
+    "cpu_gemm_workspace_bytes",
+    "gemm_workspace_cache_path",
+    "probe_gemm_workspace",
+]
+
+logger = logging.getLogger(__name__)
+
+PROBE_TENSOR_LIMIT = 256 * 2**20  # a probed weight or output larger than this is cut in rows
+_CACHE_ENTRIES = 256  # the newest entries kept in the cache file
+_PROBE_TIMEOUT_S = 300
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    """One matmul of a forward: ``rows`` tokens through a weight of ``dtype``.
+
+    ``kind`` is ``"linear"`` (``x @ W.T``, ``nn.Linear``; ``W`` is out x in) or ``"addmm"``
+    (``bias + x @ W``, ``transformers``' ``Conv1D``; ``W`` is in x out).
+    """
+
+    kind: Literal["linear", "addmm"]
+    rows: int
+    in_features: int
+    out_features: int
+    bias: bool
+    dtype: str = "float32"
+
+
+def _conv1d_type() -> type | None:
+    try:
+        from transformers.pytorch_utils import Conv1D  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return None
+    return Conv1D
+
+
+def _module_call(module: nn.Module, rows: int, conv1d: type | None) -> GemmCall | None:
+    """The matmul ``module`` runs for ``rows`` tokens; ``None`` for any other module or a
+    weight that is not a plain float32/float16/bfloat16 tensor (a quantized one runs another
+    kernel)."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dtype not in _DTYPES:
+        return None
+    if type(weight) not in (nn.Parameter, torch.Tensor) or weight.dim() != 2:
+        return None
+    bias = getattr(module, "bias", None) is not None
+    if conv1d is not None and isinstance(module, conv1d):
+        rows_in, cols_out = weight.shape
+        return GemmCall("addmm", rows, int(rows_in), int(cols_out), bias, _DTYPES[weight.dtype])
+    if isinstance(module, nn.Linear):
+        out_f, in_f = weight.shape
+        return GemmCall("linear", rows, int(in_f), int(out_f), bias, _DTYPES[weight.dtype])
+    return None
+
+
+def cpu_gemm_calls(
+    model: nn.Module,
+    device_map: Mapping[str, object],
+    *,
+    prompt_tokens: int,
+    new_tokens: int,
+) -> tuple[GemmCall, ...]:
+    """The distinct matmuls a run of ``model`` makes on the CPU, in the order it makes them
+    (first the prefill, then the decode steps); empty when a GPU runs the model (a map with a
+    GPU runs its offloaded layers there).
+
+    Args:
+        model: the loaded model (offloaded weights may be on ``meta``: only shapes are read).
+        device_map: the map it was dispatched with.
+        prompt_tokens: the prompt's length (batch 1).
+        new_tokens: tokens generated: the first by the prefill, one decode step for each other;
+            ``0``: one forward of every position (no ``logits_to_keep``).
+    """
+    if any(device_label(device) not in ("cpu", "disk") for device in device_map.values()):
+        return ()
+    conv1d = _conv1d_type()
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    keeps_one = new_tokens > 0 and accepts(model, "logits_to_keep")
+    steps = [max(1, prompt_tokens)] + [1] * max(0, min(new_tokens - 1, 1))
+    calls: list[GemmCall] = []
+    for rows in steps:
+        for module in model.modules():
+            row_count = 1 if keeps_one and module is head else rows
+            call = _module_call(module, row_count, conv1d)
+            if call is not None and call not in calls:
+                calls.append(call)
+    return tuple(calls)
+
+
+# ------------------------------------------------------------------------------------------
+# The probe: the calls replayed in a fresh process
+# ------------------------------------------------------------------------------------------
+
+
+def _probe_shape(call: GemmCall) -> tuple[int, int]:
+    """Output columns and input columns the probe uses: the output dimension is cut so that
+    neither the weight nor the output passes ``PROBE_TENSOR_LIMIT`` (the buffers measured are
+    per-thread blocks of a few MiB, not whole weights)."""
+    widest = max(call.in_features, call.rows, 1)
+    out_f = max(1, min(call.out_features, PROBE_TENSOR_LIMIT // (4 * widest)))
+    return out_f, call.in_features
+
+
+def _run_calls(calls: Iterable[dict[str, Any]], measure: bool) -> int:
+    """Run each call once; the anonymous bytes they left resident (after a heap trim), the
+    tensors' own bytes left out."""
+    from workbench.runtime.memory_readings import (  # noqa: PLC0415
+        read_anonymous_bytes,
+        release_free_heap,
+    )
+
+    left = 0
+    for raw in calls:
+        call = GemmCall(**raw)
+        out_f, in_f = _probe_shape(call)
+        shape = (in_f, out_f) if call.kind == "addmm" else (out_f, in_f)
+        dtype = getattr(torch, call.dtype)
+        weight = torch.randn(shape, dtype=dtype)
+        bias = torch.randn(out_f, dtype=dtype) if call.bias else None
+        x = torch.randn(call.rows, in_f, dtype=dtype)
+        release_free_heap()
+        before = read_anonymous_bytes() or 0
+        if call.kind == "addmm":
+            y = torch.addmm(bias, x, weight) if bias is not None else x @ weight
+        else:
+            y = nn.functional.linear(x, weight, bias)
+        del y
+        release_free_heap()
+        after = read_anonymous_bytes() or 0
+        if measure:
+            left += max(0, after - before)
+        del weight, bias, x
+    return left
+
+
+def _probe_main() -> int:
+    """``python -m workbench.runtime.gemm_workspace`` with ``{"threads", "warm", "calls"}`` on
+    stdin: prints the bytes ``calls`` left resident after ``warm`` ran (not counted)."""
+    spec = json.loads(sys.stdin.read())
+    torch.set_num_threads(int(spec["threads"]))
+    torch.randn(2**20).add_(1.0)  # the thread pool starts before anything is measured
+    _run_calls(spec["warm"], measure=False)
+    print(json.dumps({"bytes": _run_calls(spec["calls"], measure=True)}))
+    return 0
+
+
+def probe_gemm_workspace(
+    calls: Sequence[GemmCall], *, warm: Sequence[GemmCall] = (), threads: int | None = None
+) -> int:
+    """The anonymous bytes ``calls`` leave resident in a fresh process of this interpreter and
+    environment, after ``warm`` ran there first (calls this worker already made: their buffers
+    are in its baseline). ``threads``: this process's torch thread count by default.
+
+    Raises:
+        RuntimeError: the probe process failed or printed no figure.
+    """
+    spec = {
+        "threads": threads or torch.get_num_threads(),
+        "warm": [asdict(c) for c in warm],
+        "calls": [asdict(c) for c in calls],
+    }
+    command = [sys.executable, "-m", "workbench.runtime.gemm_workspace"]
+    try:
+        done = subprocess.run(
+            command,
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"the matmul workspace probe did not finish: {exc}") from exc
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"the matmul workspace probe failed (exit {done.returncode}): {done.stderr[-800:]}"
+        )
+    return int(json.loads(lines[-1])["bytes"])
+
+
+# ------------------------------------------------------------------------------------------
+# The cache
+# ------------------------------------------------------------------------------------------
+
+
+def gemm_workspace_cache_path() -> Path:
+    """``<workbench cache dir>/cpu-gemm-workspace.json``."""
+    return workbench_cache_dir() / "cpu-gemm-workspace.json"
+
+
+def _cache_key(calls: Sequence[GemmCall], warm: Sequence[GemmCall]) -> str:
+    """The CPU, threads and kernel libraries (``cpu_kernel_cache_key``), the CPU capability
+    torch dispatches to, the BLAS/OpenMP settings of the environment, and the calls."""
+    settings = sorted(
+        (name, value)
+        for name, value in os.environ.items()
+        if name.startswith(("MKL_", "OMP_", "KMP_"))
+    )
+    identity = {
+        "machine": cpu_kernel_cache_key(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "settings": settings,
+        "warm": [asdict(c) for c in warm],
+        "calls": [asdict(c) for c in calls],
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def cpu_gemm_workspace_bytes(
+    calls: Sequence[GemmCall],
+    *,
+    warm: Sequence[GemmCall] = (),
+    cache_path: Path | None = None,
+    measure: Callable[[Sequence[GemmCall], Sequence[GemmCall]], int] | None = None,
+) -> int | None:
+    """What ``calls`` leave resident on this CPU after ``warm``: cached, else measured with
+    ``measure(calls, warm)`` (default ``probe_gemm_workspace``) and cached. ``0`` for no
+    calls; ``None`` when the probe fails (logged: the run's record says it was not probed).
+
+    A malformed cache file or entry is measured again, never fatal.
+    """
+    if not calls:
+        return 0
+    path = cache_path or gemm_workspace_cache_path()
+    key = _cache_key(calls, warm)
+    entries = read_measurement_cache(path, "entries")
+    cached = entries.get(key)
+    if isinstance(cached, dict) and isinstance(cached.get("bytes"), int) and cached["bytes"] >= 0:
+        return int(cached["bytes"])
+    try:
+        nbytes = (measure or (lambda c, w: probe_gemm_workspace(c, warm=w)))(calls, warm)
+    except RuntimeError as exc:
+        logger.warning("CPU matmul workspace not probed: %s", exc)
+        return None
+    entries.pop(key, None)
+    entries[key] = {"bytes": int(nbytes), "calls": len(calls), "measured_at": time.time()}
+    kept = dict(list(entries.items())[-_CACHE_ENTRIES:])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"version": 1, "entries": kept}, indent=2) + "\n")
+    except OSError as exc:
+        logger.warning("CPU matmul workspace cache %s not written: %s", path, exc)
+    return int(nbytes)
+
+
+if __name__ == "__main__":
+    sys.exit(_probe_main())
