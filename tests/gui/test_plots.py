@@ -376,6 +376,23 @@ def test_transfer_plot_heatmap_rolls_after_max_steps(transfer_plot: TransferPlot
     assert transfer_plot.heat_image.image.shape == (4, 3)
 
 
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_a_heat_map_few_steps_wide_has_rows_of_whole_words(
+    transfer_plot: TransferPlot, steps: int
+) -> None:
+    # one byte a step: 1-3 steps made QImage rows of 1-3 bytes, which Qt read past (segfault)
+    for step in range(steps):
+        transfer_plot.add_forward(_forward(scale=step + 1))
+    transfer_plot.refresh()
+    image = transfer_plot.heat_image.image
+    assert image.shape[0] % 4 == 0 and image.shape[1] == 3
+    repeat = image.shape[0] // steps
+    assert image[::repeat].tolist() == transfer_plot.heatmap().tolist()  # each step, repeated
+    rect = transfer_plot.heat_image.boundingRect()
+    mapped = transfer_plot.heat_image.mapRectToParent(rect)
+    assert (mapped.width(), mapped.height()) == pytest.approx((steps, 3))  # the same rectangle
+
+
 def test_transfer_plot_hover_names_module_bytes_and_bandwidth(transfer_plot) -> None:
     transfer_plot.add_forward(_forward())
     transfer_plot.set_prediction({"model.layers.1": 0.011})

@@ -20,13 +20,14 @@ from __future__ import annotations
 import csv
 import html
 import io
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, Qt, QTimer
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer
 from PySide6.QtGui import QCursor, QFontMetrics
 from PySide6.QtWidgets import (
     QGraphicsItem,
@@ -545,7 +546,13 @@ class TransferPlot(QWidget):
             return
         data = self.heatmap()
         levels = (0.0, max(float(data.max()), 1e-6))
-        self.heat_image.setImage(data, autoLevels=False, levels=levels)
+        # a step is one byte of the image's rows (an 8-bit indexed QImage, col-major), and Qt
+        # reads rows in 4-byte words: a map 1-3 steps wide read past its buffer when drawn (a
+        # segfault in ImageItem.paint). Each step is repeated to a multiple of 4 pixels,
+        # drawn over the same rectangle.
+        repeat = 4 // math.gcd(steps, 4)
+        self.heat_image.setImage(np.repeat(data, repeat, axis=0), autoLevels=False, levels=levels)
+        self.heat_image.setRect(QRectF(0, 0, steps, len(self._layers)))
         self.heat_colorbar.setLevels(levels)  # the bar sets the image's levels too
         self._fit_colorbar_axis()
 
