@@ -79,6 +79,31 @@ def test_static_cache_bytes_match_exactly(case: str) -> None:
     assert [layer.nbytes for layer in predicted] == measured_cache_nbytes(cache)
 
 
+def test_an_encoder_keeps_no_cache_and_its_causal_head_keeps_one() -> None:
+    # BertForMaskedLM attends over the whole input in one forward: transformers returns no
+    # cache, and the memory model predicts none; BertLMHeadModel (is_decoder) caches K/V
+    small = {**SMALL, "num_hidden_layers": 2}
+    encoder = transformers.BertConfig(**small, architectures=["BertForMaskedLM"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = transformers.BertForMaskedLM(encoder).eval()(
+            input_ids=torch.randint(0, VOCAB, (1, PROMPT))
+        )
+    assert getattr(out, "past_key_values", None) is None
+    predicted = kv_cache_per_layer(encoder, batch=1, context=PROMPT, model_dtype=torch.float32)
+    assert [layer.nbytes for layer in predicted] == [0, 0]
+    reserve = reserve_per_device(encoder, {"": "cpu"}, batch=1, context=PROMPT)
+    assert reserve["cpu"].kv_nbytes == 0 and "keep no KV cache (an encoder" in reserve["cpu"].why
+
+    decoder = transformers.BertConfig(**small, is_decoder=True, architectures=["BertLMHeadModel"])
+    cache = _forward(decoder, transformers.BertLMHeadModel)
+    predicted = kv_cache_per_layer(
+        decoder, batch=1, context=PROMPT, model_dtype=torch.float32, cache="dynamic"
+    )
+    assert [layer.nbytes for layer in predicted] == measured_cache_nbytes(cache)
+    assert all(layer.nbytes > 0 for layer in predicted)
+
+
 def test_bf16_model_and_batch_match_exactly() -> None:
     config, model_class = tiny_configs()["gemma2-layer-types"]
     torch.manual_seed(0)

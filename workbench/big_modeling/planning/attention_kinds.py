@@ -16,7 +16,9 @@ transformers ``PretrainedConfig`` has) into one ``LayerAttention`` per decoder l
 
 A layer type or attention key this module does not understand falls back to dense attention
 and raises an ``AttentionKindWarning`` naming the keys, and the layout keeps the message in
-``warnings``. Nothing here imports transformers.
+``warnings``. An encoder-only model (BERT and its kin run as masked LMs or classifiers) keeps
+no cache at all: ``AttentionLayout.encoder_only``, told from transformers' model mappings,
+the one import of transformers here (made when a layout is read).
 
 Example:
     >>> from transformers import LlamaConfig
@@ -222,6 +224,8 @@ class AttentionLayout:
             embedding); the MLA rope width, or ``head_dim`` times ``partial_rotary_factor``.
         mlp_activation: the MLP's activation function name (``hidden_act``...), ``""`` if unstated.
         warnings: messages about keys that were not understood (also raised as warnings).
+        encoder_only: whether the model is an encoder run without a cache (``BertForMaskedLM``):
+            its layers attend over the whole input in one forward and keep no K/V.
     """
 
     model_type: str
@@ -236,6 +240,7 @@ class AttentionLayout:
     rotary_dim: int = 0
     mlp_activation: str = ""
     warnings: tuple[str, ...] = ()
+    encoder_only: bool = False
 
 
 def _int(config: Any, names: tuple[str, ...]) -> int | None:
@@ -336,6 +341,30 @@ def _unused_variant_keys(config: Any) -> list[str]:
         and "multiplier" not in name
         and value not in (None, False, 0, "", [], {})
     )
+
+
+_GENERATIVE_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def _encoder_only(config: Any, model_type: str) -> bool:
+    """True for an encoder run without a cache: a model type transformers builds as a masked
+    LM, not declared a decoder, whose ``architectures`` name no generative head (BERT also has
+    a causal ``BertLMHeadModel``, run with ``is_decoder=True``)."""
+    if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
+        return False
+    try:
+        from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+            MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        )
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    if model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return False
+    architectures = [str(a) for a in (getattr(config, "architectures", None) or ())]
+    if any(a.endswith(_GENERATIVE_ARCHITECTURES) for a in architectures):
+        return False
+    return bool(architectures) or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def read_attention_layout(config: Any, *, warn: bool = True) -> AttentionLayout:
@@ -473,4 +502,5 @@ def read_attention_layout(config: Any, *, warn: bool = True) -> AttentionLayout:
         rotary_dim=_rotary_dim(text, mla, head_dim),
         mlp_activation=act,
         warnings=messages,
+        encoder_only=not encoder_decoder and _encoder_only(text, model_type),
     )

@@ -286,11 +286,18 @@ def reserve_per_device(
             if chunk_peak > activation:
                 activation, largest = chunk_peak, chunk_largest
         kv_bytes = sum(kv[i].nbytes for i in indices)
-        why = (
-            f"{_ranges(indices)} on {device} need {format_nbytes(kv_bytes)} of KV cache at "
-            f"{_context_words(context)} context, {words_dtype}, {_kinds([kv[i] for i in indices])}"
-            f"; activation peak {format_nbytes(activation)} ({largest})"
-        )
+        if layout.encoder_only:
+            cache_words = (
+                f"{_ranges(indices)} on {device} keep no KV cache (an encoder, one forward "
+                f"over {_context_words(context)} tokens)"
+            )
+        else:
+            cache_words = (
+                f"{_ranges(indices)} on {device} need {format_nbytes(kv_bytes)} of KV cache at "
+                f"{_context_words(context)} context, {words_dtype}, "
+                f"{_kinds([kv[i] for i in indices])}"
+            )
+        why = f"{cache_words}; activation peak {format_nbytes(activation)} ({largest})"
         result[device] = DeviceReserve(device, tuple(indices), kv_bytes, activation, why)
     return result
 
