@@ -1,13 +1,15 @@
 """Where the workbench caches what it makes (demo checkpoints, converted GGUF files), the
-modes a finished cache folder gets, and how a measurement cache file is read."""
+modes a finished cache folder gets, and how a measurement cache file is read and written."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
+from workbench.big_modeling.atomic import atomic_write_text
 from workbench.big_modeling.json_files import JsonFileError, read_json
 
 logger = logging.getLogger(__name__)
@@ -48,3 +50,14 @@ def read_measurement_cache(path: Path, field: str) -> dict[str, Any]:
         return {}
     table = data.get(field) if isinstance(data, dict) else None
     return dict(table) if isinstance(table, dict) else {}
+
+
+def write_measurement_cache(path: Path, field: str, table: dict[str, Any]) -> None:
+    """Write ``table`` as the ``field`` table of the measurement cache ``path``, atomically
+    (``{"version": 1, field: table}``), making its folder.
+
+    Raises:
+        OSError: the folder or the file could not be written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"version": 1, field: table}, indent=2) + "\n")

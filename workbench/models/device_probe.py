@@ -27,18 +27,20 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import torch
 
-from workbench.big_modeling.atomic import atomic_write_text
-from workbench.models.cache_dirs import read_measurement_cache, workbench_cache_dir
+from workbench.models.cache_dirs import (
+    read_measurement_cache,
+    workbench_cache_dir,
+    write_measurement_cache,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +221,7 @@ def cached_link_bandwidth(
         cache_path: default ``link_cache_path()``.
     """
     path = cache_path or link_cache_path()
-    entries = _read_cache(path)
+    entries = read_measurement_cache(path, "devices")
     cached = entries.get(key)
     if isinstance(cached, dict):
         try:
@@ -228,13 +230,8 @@ def cached_link_bandwidth(
             logger.warning("link bandwidth cache %s: bad entry for %s; measuring again", path, key)
     link = measure()
     entries[key] = asdict(link)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"version": 1, "devices": entries}, indent=2) + "\n")
+    write_measurement_cache(path, "devices", entries)
     return link
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    return read_measurement_cache(path, "devices")
 
 
 def measured_link_bandwidth(gpu_count: int) -> LinkBandwidth | None:
@@ -393,7 +390,7 @@ def cached_cpu_kernels(
     """
     path = cache_path or cpu_kernel_cache_path()
     key = cpu_kernel_cache_key()
-    entries = _read_cache(path)
+    entries = read_measurement_cache(path, "devices")
     cached = entries.get(key)
     if isinstance(cached, dict):
         try:
@@ -408,6 +405,5 @@ def cached_cpu_kernels(
         logger.warning("CPU kernels not measured, documented values used: %s", exc)
         return None
     entries[key] = asdict(probe)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"version": 1, "devices": entries}, indent=2) + "\n")
+    write_measurement_cache(path, "devices", entries)
     return probe

@@ -42,10 +42,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from workbench.big_modeling.atomic import atomic_write_text
-from workbench.big_modeling.devices import device_label
-from workbench.models.cache_dirs import read_measurement_cache, workbench_cache_dir
+from workbench.big_modeling.dtypes import dtype_name, to_dtype
+from workbench.models.cache_dirs import (
+    read_measurement_cache,
+    workbench_cache_dir,
+    write_measurement_cache,
+)
 from workbench.models.device_probe import cpu_kernel_cache_key
+from workbench.runtime.memory_prediction import main_device
 from workbench.runtime.model_inputs import accepts
 
 __all__ = [
@@ -61,7 +65,7 @@ logger = logging.getLogger(__name__)
 PROBE_TENSOR_LIMIT = 256 * 2**20  # a probed weight or output larger than this is cut in rows
 _CACHE_ENTRIES = 256  # the newest entries kept in the cache file
 _PROBE_TIMEOUT_S = 300
-_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the dense kernels replayed
 
 
 @dataclass(frozen=True)
@@ -80,31 +84,20 @@ class GemmCall:
     dtype: str = "float32"
 
 
-def _conv1d_type() -> type | None:
-    try:
-        from transformers.pytorch_utils import Conv1D  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return None
-    return Conv1D
-
-
-def _module_call(module: nn.Module, rows: int, conv1d: type | None) -> GemmCall | None:
+def _module_call(module: nn.Module, rows: int, conv1d: type) -> GemmCall | None:
     """The matmul ``module`` runs for ``rows`` tokens; ``None`` for any other module or a
     weight that is not a plain float32/float16/bfloat16 tensor (a quantized one runs another
     kernel)."""
+    kind = "addmm" if isinstance(module, conv1d) else "linear"
     weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dtype not in _DTYPES:
+    if kind == "linear" and not isinstance(module, nn.Linear):
         return None
-    if type(weight) not in (nn.Parameter, torch.Tensor) or weight.dim() != 2:
+    if type(weight) not in (nn.Parameter, torch.Tensor) or weight.dtype not in _DTYPES:
         return None
     bias = getattr(module, "bias", None) is not None
-    if conv1d is not None and isinstance(module, conv1d):
-        rows_in, cols_out = weight.shape
-        return GemmCall("addmm", rows, int(rows_in), int(cols_out), bias, _DTYPES[weight.dtype])
-    if isinstance(module, nn.Linear):
-        out_f, in_f = weight.shape
-        return GemmCall("linear", rows, int(in_f), int(out_f), bias, _DTYPES[weight.dtype])
-    return None
+    first, second = (int(n) for n in weight.shape)  # Conv1D: in x out; Linear: out x in
+    in_f, out_f = (first, second) if kind == "addmm" else (second, first)
+    return GemmCall(kind, rows, in_f, out_f, bias, dtype_name(weight.dtype))
 
 
 def cpu_gemm_calls(
@@ -125,19 +118,19 @@ def cpu_gemm_calls(
         new_tokens: tokens generated: the first by the prefill, one decode step for each other;
             ``0``: one forward of every position (no ``logits_to_keep``).
     """
-    if any(device_label(device) not in ("cpu", "disk") for device in device_map.values()):
+    if main_device(device_map) != "cpu":
         return ()
-    conv1d = _conv1d_type()
+    from transformers.pytorch_utils import Conv1D  # noqa: PLC0415 (transformers: at run time)
+
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     keeps_one = new_tokens > 0 and accepts(model, "logits_to_keep")
-    steps = [max(1, prompt_tokens)] + [1] * max(0, min(new_tokens - 1, 1))
-    calls: list[GemmCall] = []
+    steps = [max(1, prompt_tokens)] + ([1] if new_tokens > 1 else [])  # prefill, then decode
+    calls: dict[GemmCall, None] = {}  # distinct, in the order they run
     for rows in steps:
         for module in model.modules():
-            row_count = 1 if keeps_one and module is head else rows
-            call = _module_call(module, row_count, conv1d)
-            if call is not None and call not in calls:
-                calls.append(call)
+            call = _module_call(module, 1 if keeps_one and module is head else rows, Conv1D)
+            if call is not None:
+                calls.setdefault(call)
     return tuple(calls)
 
 
@@ -168,7 +161,7 @@ def _run_calls(calls: Iterable[dict[str, Any]], measure: bool) -> int:
         call = GemmCall(**raw)
         out_f, in_f = _probe_shape(call)
         shape = (in_f, out_f) if call.kind == "addmm" else (out_f, in_f)
-        dtype = getattr(torch, call.dtype)
+        dtype = to_dtype(call.dtype)
         weight = torch.randn(shape, dtype=dtype)
         bias = torch.randn(out_f, dtype=dtype) if call.bias else None
         x = torch.randn(call.rows, in_f, dtype=dtype)
@@ -291,8 +284,7 @@ def cpu_gemm_workspace_bytes(
     entries[key] = {"bytes": int(nbytes), "calls": len(calls), "measured_at": time.time()}
     kept = dict(list(entries.items())[-_CACHE_ENTRIES:])
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"version": 1, "entries": kept}, indent=2) + "\n")
+        write_measurement_cache(path, "entries", kept)
     except OSError as exc:
         logger.warning("CPU matmul workspace cache %s not written: %s", path, exc)
     return int(nbytes)

@@ -24,6 +24,7 @@ from workbench.big_modeling.planning.device_reserve import reserve_per_device
 from workbench.big_modeling.quantization.sizes import quantized_weight_nbytes
 
 __all__ = [
+    "main_device",
     "offload_staging_bytes",
     "predict_run_reserve",
     "quantized_weights_prediction",
@@ -89,7 +90,7 @@ def quantized_weights_prediction(
     return out
 
 
-def _main_device(device_map: Mapping[str, object]) -> str:
+def main_device(device_map: Mapping[str, object]) -> str:
     """Where offloaded (cpu/disk) blocks run: the first GPU of the map, else the CPU."""
     accelerators = sorted(d for d in device_map.values() if isinstance(d, int))
     return f"cuda:{accelerators[0]}" if accelerators else "cpu"
@@ -126,7 +127,7 @@ def predict_run_reserve(
         context=context,
         model_dtype=dtype,
         logits_to_keep=1 if new_tokens else max(1, prompt_tokens),
-        offload_execution_device=_main_device(device_map),
+        offload_execution_device=main_device(device_map),
         prompt_tokens=max(1, prompt_tokens),
     )
     return {device: item.nbytes for device, item in reserve.items()}
@@ -149,7 +150,7 @@ def offload_staging_bytes(
         >>> offload_staging_bytes({"a": 10, "c": 20}, {"a": "cpu", "c": "disk"})
         {}
     """
-    main = _main_device(device_map)
+    main = main_device(device_map)
     if main == "cpu":
         return {}
     offloaded = {"cpu", "disk"}

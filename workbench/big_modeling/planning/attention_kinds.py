@@ -352,13 +352,11 @@ def _encoder_only(config: Any, model_type: str) -> bool:
     a causal ``BertLMHeadModel``, run with ``is_decoder=True``)."""
     if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
         return False
-    try:
-        from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
-            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-            MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-        )
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return False
+    from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
     if model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return False
     architectures = [str(a) for a in (getattr(config, "architectures", None) or ())]

@@ -209,11 +209,12 @@ def kv_cache_per_layer(
     s = element_nbytes(state_dtype)
     latent = ENGINES[engine] == "latent"
     encoder_tokens = encoder_context if encoder_context is not None else context
+    if layout.encoder_only:  # one forward over the whole input, nothing kept
+        return [
+            LayerKV(x.index, x, 0, 0, 0, f"{x.label}: encoder, no cache") for x in layout.layers
+        ]
     result = []
     for layer in layout.layers:
-        if layout.encoder_only:  # one forward over the whole input, nothing kept
-            result.append(LayerKV(layer.index, layer, 0, 0, 0, f"{layer.label}: encoder, no cache"))
-            continue
         self_bytes, self_words = _self_attention(layer, batch, context, b, latent, cache)
         cross_bytes = 0.0
         words = [f"{layer.label}: {self_words}"] if self_words else [layer.label]
