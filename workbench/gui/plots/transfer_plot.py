@@ -546,10 +546,11 @@ class TransferPlot(QWidget):
             return
         data = self.heatmap()
         levels = (0.0, max(float(data.max()), 1e-6))
-        # a step is one byte of the image's rows (an 8-bit indexed QImage, col-major), and Qt
-        # reads rows in 4-byte words: a map 1-3 steps wide read past its buffer when drawn (a
-        # segfault in ImageItem.paint). Each step is repeated to a multiple of 4 pixels,
-        # drawn over the same rectangle.
+        # a step is one byte of each row of the 8-bit indexed QImage pyqtgraph makes
+        # (col-major), so a map 1-3 steps wide had rows of 1-3 bytes; Qt documents image rows
+        # as 32-bit aligned. Each step is repeated to a multiple of 4 pixels, drawn over the
+        # same rectangle. (A rare segfault in ImageItem.paint in the test suite was the reason
+        # to look; it is not proven to be this.)
         repeat = 4 // math.gcd(steps, 4)
         self.heat_image.setImage(np.repeat(data, repeat, axis=0), autoLevels=False, levels=levels)
         self.heat_image.setRect(QRectF(0, 0, steps, len(self._layers)))
