@@ -214,3 +214,23 @@ def test_an_interactive_chat_in_the_terminal(chat_demo: Path) -> None:
     assert output.count("you> ") == 5 and output.count("model> ") == 3, output
     assert "(a new chat)" in output and output.count("tokens/s, time to first token") == 3
     assert "verify: greedy continuation identical: 16 of 16 tokens match" in output
+
+
+def test_an_encoder_run_reports_one_forward_not_tokens_per_second(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workbench.models.demo import make_demo
+
+    folder = make_demo(tmp_path_factory.mktemp("bert") / "demo", arch="bert", params="2M")
+    argv = ["run", str(folder), "--prompt", "Memory decides", "--max-new-tokens", "4"]
+    assert main([*argv, "--in-process"]) == 0
+    out = capsys.readouterr().out
+    figures = out[out.index("one forward over") :].splitlines()
+    # "one forward over 5 tokens (no generation): 3.1 ms" then the prediction for the same
+    assert figures[0].endswith(" ms") and "(no generation)" in figures[0]
+    assert figures[1].startswith("predicted for this machine: ") and figures[1].endswith(" ms")
+    assert "tokens/s" not in out and "time to first token" not in out and "sampling:" not in out
+    assert main([*argv, "--in-process", "--json"]) == 0
+    inference = json.loads(capsys.readouterr().out)["inference"]
+    assert inference["new_tokens"] == 0 and inference["stop_reason"] == "forward"
+    assert 0 < inference["predicted"]["forward_s"] < inference["predicted"]["ttft_s"]

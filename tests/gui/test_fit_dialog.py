@@ -96,3 +96,23 @@ def test_a_cell_that_does_not_fit_cannot_be_applied(
     assert not fit_dialog.apply_cell(row, 0)
     assert main_window.undo_stack.count() == count
     assert "tiny-box" in main_window.statusBar().currentMessage()
+
+
+def test_an_encoder_is_listed_by_its_forward_time(
+    main_window: Any, open_in_window: Any, user_profiles: Path
+) -> None:
+    from workbench.resources import resource_path
+
+    open_in_window(main_window, resource_path("configs", "bert-base-uncased.json"))
+    main_window.action_set["fit_table"].trigger()
+    (dialog,) = main_window.findChildren(FitDialog)
+    dialog.wait_until_computed()
+    assert dialog.table is not None, dialog.status_label.text()
+    status = dialog.status_label.text()
+    assert "1 context length," in status and "generates no tokens" in status
+    assert "TTFT" not in status
+    h200 = dialog.grid.item(_row(dialog, "h200-141gb"), 0)
+    assert h200.text().startswith(f"{FULL_GPU}\nforward ") and "tok/s" not in h200.text()
+    assert "over 512 input tokens; the model generates no tokens" in h200.toolTip()
+    tiny = dialog.table.cells[_row(dialog, "tiny-box")]  # one context: a row's only cell
+    assert tiny.status == NO_FIT and not tiny.generates

@@ -452,3 +452,37 @@ def test_sampling_settings_are_sent_and_kept_with_the_run(qtbot, panel) -> None:
     flags = QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows
     panel.history.view.selectionModel().select(panel.history.model.index(0, 0), flags)
     assert f"sampling: {expected}" in panel.history.details.toPlainText()
+
+
+def test_a_model_that_generates_nothing_shows_its_forward_time(qtbot, panel, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="workbench.gui.inference_panel")
+    host = panel.bridge.host
+    panel.run_button.click()
+    value = InferenceResult(  # what a BERT masked LM's run returns: one forward, no tokens
+        text="",
+        prompt_tokens=5,
+        new_tokens=0,
+        ttft_s=0.03,
+        tokens_per_s=5 / 0.03,  # prompt tokens per second: no decode speed to show
+        total_s=0.03,
+        predicted={"tokens_per_s": 400.0, "ttft_s": 0.0045, "forward_s": 0.002},
+        stop_reason="forward",
+        predicted_for="detected",
+    )
+    with qtbot.waitSignal(panel.run_finished, timeout=5000) as finished:
+        host.play(Result(1, "infer", value))
+    record = finished.args[0]
+    assert record.one_forward and record.tokens_per_s is None and record.ttft_s == 0.03
+    shown = "30 ms, one forward over 5 tokens (predicted 2.0 ms on this machine)"
+    assert panel.ttft_label.text() == shown
+    assert panel.rate_label.text() == "— (the model generates no tokens)"
+    row = [panel.history.model.index(0, c).data() for c in range(7)]
+    assert row[3] == "—" and row[4] == "30 ms" and row[5] == "one forward"
+    assert row[6] == "forward 2.0 ms"
+    messages = [r.getMessage() for r in caplog.records if r.name.endswith("inference_panel")]
+    assert any(
+        m.startswith("infer run 1 ")
+        and m.endswith(": one forward in 30 ms (predicted 2.0 ms on this machine)")
+        for m in messages
+    ), messages
+    assert not any("tok/s" in m for m in messages)

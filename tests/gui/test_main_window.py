@@ -187,3 +187,26 @@ def test_no_speed_is_predicted_for_a_map_over_budget(
     assert window.lanes.budget_problems[0] in window.speed_label.text()
     window.undo_stack.undo()  # the budgets fit again: the speed comes back
     qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)
+
+
+@pytest.mark.slow  # opens two models with transformers on a worker thread
+def test_an_encoder_is_predicted_one_forward_not_tokens_per_second(
+    qtbot, main_window, whatif_config, open_in_window
+) -> None:
+    """BERT as a masked LM generates nothing: found driving the app, the line said "tok/s" and
+    "TTFT" for it, figures of a run its Inference tab never makes."""
+    from workbench.resources import resource_path
+    from workbench.runtime.formatting import format_seconds
+
+    window = main_window
+    open_in_window(window, resource_path("configs", "bert-base-uncased.json"))
+    qtbot.waitUntil(lambda: "one forward over" in window.speed_label.text(), timeout=5000)
+    prediction = window.speed_prediction
+    text = window.speed_label.text()
+    assert f"one forward over 128 tokens in {format_seconds(prediction.prefill_s)} (" in text
+    assert "generates no tokens" in text and "tok/s" not in text and "TTFT" not in text
+    # the forward is the prefill alone: the decode step a TTFT adds is not in it
+    assert 0 < prediction.prefill_s == pytest.approx(prediction.ttft_s - prediction.decode_s)
+    open_in_window(window, whatif_config)  # a causal LM after it gets its tok/s back
+    qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)
+    assert "one forward" not in window.speed_label.text()

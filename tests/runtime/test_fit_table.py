@@ -148,3 +148,20 @@ def test_chunked_prefill_lets_the_4090_run_layers_at_128k(llama8b) -> None:
     assert chunked.why[0].endswith("for 2k-token prefill chunks")
     table = fit_table(llama8b, [load_profile("rtx4090-64gb")], [131072], prefill_tokens=2048)
     assert table.cells == (chunked,) and table.to_dict()["prefill_tokens"] == 2048
+
+
+def test_an_encoder_is_timed_by_one_forward_not_tokens_per_second(llama8b) -> None:
+    bert = open_model("bert-base-uncased")  # BertForMaskedLM: one forward, no generation
+    assert fit_contexts(bert) == (512,)  # max_position_embeddings
+    params = bert.tree.root.param_count
+    assert params == 109_514_298
+    cell = fit_cell(bert, load_profile("h200-141gb"), 512)
+    assert cell.status == FULL_GPU and not cell.generates
+    # every block is compute-bound over 512 tokens (e.g. one encoder layer: 7.09M params,
+    # 2 x 7.09M x 512 FLOP / 494.5 TFLOP/s = 14.7 us > its 28.4 MB read at 3.84 TB/s = 7.4 us):
+    # 2 x 109,514,298 x 512 / (989e12 x 0.5) = 0.2268 ms
+    assert cell.forward_s == pytest.approx(2 * params * 512 / (989e12 * 0.5), rel=1e-9)
+    assert cell.speed_text() == "forward 0.2 ms"  # no tok/s, no TTFT: it generates nothing
+    assert cell.to_dict()["generates"] is False
+    llama = fit_cell(llama8b, load_profile("h200-141gb"), 4096)
+    assert llama.generates and "tok/s" in llama.speed_text()

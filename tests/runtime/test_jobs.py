@@ -297,6 +297,11 @@ def test_encoder_runs_one_forward_and_verifies(
     assert isinstance(result, InferenceResult)
     assert result.new_tokens == 0 and result.prompt_tokens > 1  # one forward, no generation
     assert result.tokens_per_s > 0 and result.ttft_s > 0
+    # its speed is one forward's time: the prediction to compare is the forward, no decode step
+    assert result.one_forward and result.stop_reason == "forward"
+    predicted = result.predicted
+    assert 0 < predicted["forward_s"] < predicted["ttft_s"]
+    assert predicted["prompt_tokens"] == result.prompt_tokens
     batches = [e for e in runner.events if isinstance(e, TransferBatch)]  # type: ignore[attr-defined]
     assert len(batches) == 1
     assert any(t.source == "disk" and t.nbytes > 0 for t in result.per_layer)

@@ -501,23 +501,30 @@ class _Printer:
             print("prompt: plain 'Role: text' lines (the model has no chat template)")
         from workbench.runtime.sampling import describe_sampling  # noqa: PLC0415 (torch: not at CLI start)
 
-        print(f"sampling: {describe_sampling(result.sampling)}")
+        if not result.one_forward:  # a forward picks no token
+            print(f"sampling: {describe_sampling(result.sampling)}")
         predicted = result.predicted
-        if result.prompt_tokens == 0 and result.new_tokens == 0:  # a synthetic non-text input
-            print(f"one forward on a synthetic input: {result.ttft_s * 1000:.1f} ms")
+        hardware = result.predicted_for
+        where = "this machine" if hardware in ("", "detected") else f"profile {hardware}"
+        if result.one_forward:  # nothing generated: a forward's time is the only speed figure
+            if result.prompt_tokens == 0:
+                head = "one forward on a synthetic input"
+            else:
+                head = f"one forward over {plural(result.prompt_tokens, 'token')} (no generation)"
+            print(f"{head}: {result.ttft_s * 1000:.1f} ms")
+            if "forward_s" in predicted:
+                print(f"predicted for {where}: {predicted['forward_s'] * 1000:.1f} ms")
         else:
             print(
                 f"{plural(result.new_tokens, 'token')} from {with_article(f'{result.prompt_tokens}-token prompt')}: "
                 f"{result.tokens_per_s:.2f} tokens/s, "
                 f"time to first token {result.ttft_s * 1000:.1f} ms"
             )
-        if predicted:
-            hardware = result.predicted_for
-            where = "this machine" if hardware in ("", "detected") else f"profile {hardware}"
-            print(
-                f"predicted for {where}: {predicted['tokens_per_s']:.2f} tokens/s, "
-                f"time to first token {predicted['ttft_s'] * 1000:.1f} ms"
-            )
+            if predicted:
+                print(
+                    f"predicted for {where}: {predicted['tokens_per_s']:.2f} tokens/s, "
+                    f"time to first token {predicted['ttft_s'] * 1000:.1f} ms"
+                )
         from workbench.runtime.telemetry import group_layers  # noqa: PLC0415 (numpy: not at CLI start)
 
         units = [key for key in self.device_map if key]

@@ -37,6 +37,7 @@ from workbench.models.speed import predict_speed
 from workbench.runtime import BadInputError, device_label, device_sort_key
 from workbench.runtime.formatting import format_nbytes, format_rate, format_seconds
 from workbench.runtime.map_edits import diff_maps, key_problems
+from workbench.runtime.model_kind import generates_tokens
 
 if TYPE_CHECKING:
     from workbench.gui.window_context import WindowContext
@@ -160,9 +161,11 @@ class DiffDialog(QDialog):
             except ValueError as exc:
                 parts.append(f"{label}: n/a ({exc})")
                 continue
-            parts.append(
-                f"{label}: {format_rate(prediction.tokens_per_s)}, TTFT {format_seconds(prediction.ttft_s)}"
-            )
+            if generates_tokens(window.session.opened):
+                figures = f"{format_rate(prediction.tokens_per_s)}, TTFT {format_seconds(prediction.ttft_s)}"
+            else:  # one forward is all its run makes
+                figures = f"one forward {format_seconds(prediction.prefill_s)}"
+            parts.append(f"{label}: {figures}")
         return "Predicted speed — " + "; ".join(parts)
 
 

@@ -56,6 +56,7 @@ from workbench.runtime.fit_table import (
     context_label,
     fit_table,
 )
+from workbench.wording import plural, with_article
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,11 @@ def cell_tooltip(cell: FitCell) -> str:
     """What a cell's tooltip says: the status, speed, reserves per device, problems."""
     lines = [f"{cell.profile} at {context_label(cell.context)} context: {cell.label()}"]
     if cell.speed_text():
-        lines.append(f"Predicted {cell.speed_text()} (TTFT for a {cell.context}-token prompt)")
+        if cell.generates:
+            why = f"TTFT for {with_article(f'{cell.context}-token prompt')}"
+        else:
+            why = f"over {cell.context} input tokens; the model generates no tokens"
+        lines.append(f"Predicted {cell.speed_text()} ({why})")
     lines.extend(cell.why)
     if cell.problem:
         lines.append(cell.problem)
@@ -154,11 +159,15 @@ class FitDialog(QDialog):
         self.table = table
         elapsed = self.thread.elapsed_s if self.thread is not None else 0.0
         warnings = f" Warnings: {'; '.join(table.warnings)}" if table.warnings else ""
+        if all(cell.generates for cell in table.cells):
+            speed = "TTFT is the prefill of a prompt that fills the context"
+        else:  # an encoder: its only run is one forward
+            speed = "The model generates no tokens: its speed is one forward over the context"
         self.status_label.setText(
-            f"{table.model}: {len(table.profiles)} hardware profiles x "
-            f"{len(table.contexts)} context lengths, planned in {elapsed:.1f} s with the KV "
-            f"cache and activations of each context. TTFT is the prefill of a prompt that "
-            f"fills the context. Double-click a cell to use that profile and plan.{warnings}"
+            f"{table.model}: {plural(len(table.profiles), 'hardware profile')} x "
+            f"{plural(len(table.contexts), 'context length')}, planned in {elapsed:.1f} s with "
+            f"the KV cache and activations of each context. {speed}. Double-click a cell to "
+            f"use that profile and plan.{warnings}"
         )
         self._fill(table)
 

@@ -85,7 +85,12 @@ def outcome(record: RunRecord, reason: str = "") -> str:
             f"max rel diff {record.verify['max_rel_diff']:.3g}"
         )
     figures = ""
-    if record.kind == "infer":
+    if record.kind == "infer" and record.one_forward:
+        figures = f"one forward in {format_seconds(record.ttft_s or 0.0)}"
+        if "forward_s" in record.predicted:
+            where = hardware_words(record.predicted_for)
+            figures += f" (predicted {format_seconds(record.predicted['forward_s'])}{where})"
+    elif record.kind == "infer":
         rate = "— tok/s" if record.tokens_per_s is None else format_rate(record.tokens_per_s)
         ttft = "—" if record.ttft_s is None else format_seconds(record.ttft_s)
         figures = f"{plural(record.new_tokens, 'token')}, {rate}, TTFT {ttft}"
@@ -126,6 +131,17 @@ def figures_with_predictions(value: InferenceResult) -> tuple[str, str, str]:
     """The TTFT and decode-speed texts, each with the speed model's prediction beside it and
     the hardware it is for, and their shared tooltip."""
     where = hardware_words(value.predicted_for)
+    if value.one_forward:  # nothing generated: the forward's time is the figure
+        forward = format_seconds(value.ttft_s)
+        if value.prompt_tokens:
+            forward += f", one forward over {plural(value.prompt_tokens, 'token')}"
+        if "forward_s" in value.predicted:
+            forward += f" (predicted {format_seconds(value.predicted['forward_s'])}{where})"
+        tip = (
+            "The model generates no tokens: its test is one forward over the input, timed "
+            "beside the speed model's prediction for that forward"
+        )
+        return forward, "— (the model generates no tokens)", tip
     predicted_ttft = value.predicted.get("ttft_s")
     predicted_rate = value.predicted.get("tokens_per_s")
     ttft = format_seconds(value.ttft_s)

@@ -608,7 +608,8 @@ class InferencePanel(QWidget):
     def _show_inference(self, record: RunRecord, value: InferenceResult) -> None:
         record.new_tokens = value.new_tokens
         record.ttft_s = value.ttft_s
-        record.tokens_per_s = value.tokens_per_s
+        record.one_forward = value.one_forward
+        record.tokens_per_s = None if value.one_forward else value.tokens_per_s
         record.total_s = value.total_s
         record.predicted = dict(value.predicted)
         layers = group_layer_timings(value.per_layer, self.units, keep=self.keep_module)

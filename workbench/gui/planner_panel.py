@@ -63,6 +63,7 @@ from workbench.gui.workers import TaskThread
 from workbench.runtime import AS_STORED, DTYPE_CHOICES, device_label, device_sort_key, dtype_name
 from workbench.runtime.formatting import format_nbytes, format_rate, format_seconds
 from workbench.runtime.model_context import Comparison, ModelContext
+from workbench.runtime.model_kind import generates_tokens
 from workbench.runtime.planning import (
     MemoryOptions,
     attention_layout,
@@ -412,7 +413,10 @@ class PlannerPanel(QWidget):
         )
         if not candidates:
             devices = []
-        rows = [device_label(d) for d in devices] + ["tokens/s", "TTFT", "status"]
+        # a model that generates nothing is timed by one forward: no tokens/s or TTFT for it
+        generates = generates_tokens(self.window_.session.opened)
+        speed_rows = ["tokens/s", "TTFT"] if generates else ["forward"]
+        rows = [device_label(d) for d in devices] + speed_rows + ["status"]
         self.table.clear()
         self.table.setRowCount(len(rows))
         self.table.setColumnCount(len(candidates))
@@ -432,11 +436,16 @@ class PlannerPanel(QWidget):
                     item.setToolTip(f"{tip}\n{why}" if why else tip)
                 self.table.setItem(row, column, item)
             prediction = candidate.prediction
-            speed = format_rate(prediction.tokens_per_s) if prediction else "—"
-            ttft = format_seconds(prediction.ttft_s) if prediction else "—"
-            self.table.setItem(len(devices), column, QTableWidgetItem(speed))
-            self.table.setItem(len(devices) + 1, column, QTableWidgetItem(ttft))
-            self.table.setItem(len(devices) + 2, column, status_item(candidate, self._request))
+            if not prediction:
+                figures = ["—"] * len(speed_rows)
+            elif generates:
+                figures = [format_rate(prediction.tokens_per_s), format_seconds(prediction.ttft_s)]
+            else:
+                figures = [format_seconds(prediction.prefill_s)]
+            for offset, text in enumerate(figures):
+                self.table.setItem(len(devices) + offset, column, QTableWidgetItem(text))
+            status_row = len(devices) + len(speed_rows)
+            self.table.setItem(status_row, column, status_item(candidate, self._request))
         self.table.resizeColumnsToContents()
         self.table.setVisible(bool(candidates))  # no empty "tokens/s, TTFT, status" rows
         self.table.updateGeometry()

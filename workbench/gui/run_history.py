@@ -105,6 +105,9 @@ class RunHistoryModel(QAbstractTableModel):
             return missing if record.tokens_per_s is None else format_rate(record.tokens_per_s)
         if column == 4:
             return missing if record.ttft_s is None else format_seconds(record.ttft_s)
+        if column == 6 and record.one_forward:
+            forward = record.predicted.get("forward_s")
+            return missing if forward is None else f"forward {format_seconds(forward)}"
         if column == 6:
             rate, ttft = record.predicted.get("tokens_per_s"), record.predicted.get("ttft_s")
             if rate is None or ttft is None:
@@ -115,7 +118,7 @@ class RunHistoryModel(QAbstractTableModel):
             return f"{verdict} (max abs {record.verify.get('max_abs_diff', 0):.3g})"
         tokens = f"{record.new_tokens} token" + ("" if record.new_tokens == 1 else "s")
         if record.kind == "infer" and record.status == "done":
-            return tokens
+            return "one forward" if record.one_forward else tokens
         if record.kind == "infer" and record.status == "stopped":
             return f"stopped after {tokens}"
         return record.status

@@ -20,7 +20,9 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
                 = transfer_s + compute      without prefetch
 
     per-token decode time = sum of decode layer times;  tokens_per_s = B / that time
-    ttft_s                = sum of prefill layer times + one decode step
+    prefill_s             = sum of prefill layer times (one forward over the prompt: all an
+                            encoder such as BERT ever runs, since it generates no tokens)
+    ttft_s                = prefill_s + one decode step
 
 The one-word ``bottleneck`` names what most of the step waits for: the slowest link
 (``"disk"`` or ``"host-to-device"``) when transfers outweigh compute; else ``"memory"`` when the
@@ -132,6 +134,8 @@ class SpeedPrediction:
             ``"disk"``), for a one-line summary.
         prefetch: whether transfers overlap compute.
         prompt_tokens: the prompt length used for ``ttft_s``.
+        prefill_s: seconds of one forward over ``prompt_tokens`` (``ttft_s`` less a decode
+            step): the figure for a model that runs one forward and generates nothing.
     """
 
     tokens_per_s: float
@@ -143,6 +147,7 @@ class SpeedPrediction:
     bottleneck: str = "compute"
     prefetch: bool = True
     prompt_tokens: int = 128
+    prefill_s: float = 0.0
 
     def summary(self) -> str:
         """One line: ``"0.41 tok/s, TTFT 12.3 s (transfer-bound: disk)"``."""
@@ -161,6 +166,7 @@ class SpeedPrediction:
             "bottleneck": self.bottleneck,
             "prefetch": self.prefetch,
             "prompt_tokens": self.prompt_tokens,
+            "prefill_s": self.prefill_s,
             "per_layer": [layer.__dict__ for layer in self.per_layer],
         }
 
@@ -297,6 +303,7 @@ def predict_speed(
         bottleneck=_bottleneck(layers, transfer_total, compute_total),
         prefetch=prefetch,
         prompt_tokens=prompt_tokens,
+        prefill_s=prefill_s,
     )
 
 

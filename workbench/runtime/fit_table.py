@@ -38,6 +38,7 @@ from workbench.big_modeling.planning.sizes import format_nbytes
 from workbench.models.hardware import HardwareProfile, list_profiles
 from workbench.models.speed import predict_speed
 from workbench.runtime.formatting import format_rate, format_seconds
+from workbench.runtime.model_kind import generates_tokens
 from workbench.runtime.planning import MemoryOptions, attention_layout, plan_opened_model
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ class FitCell:
         disk_layers: decoder layers offloaded to disk.
         tokens_per_s: predicted decode tokens/s (``None`` when it does not fit).
         ttft_s: predicted time to first token for a ``context``-token prompt.
+        forward_s: predicted time of one forward over ``context`` tokens.
+        generates: whether the model generates tokens (``runtime.model_kind``); one that does
+            not (BERT) runs one forward, so its speed is ``forward_s``, not tokens/s and TTFT.
         device_map: the plan (empty when it does not fit).
         budgets: the budgets planned for (the profile's, or its CPU and disk for CPU only).
         reserve: bytes each device keeps free (KV cache + activation peak).
@@ -83,6 +87,8 @@ class FitCell:
     disk_layers: int = 0
     tokens_per_s: float | None = None
     ttft_s: float | None = None
+    forward_s: float | None = None
+    generates: bool = True
     device_map: dict[str, Any] = field(default_factory=dict)
     budgets: dict[Any, int] = field(default_factory=dict)
     reserve: dict[Any, int] = field(default_factory=dict)
@@ -104,7 +110,10 @@ class FitCell:
         return self.status
 
     def speed_text(self) -> str:
-        """``"27.2 tok/s · TTFT 1.2 s"``, or ``""`` when it does not fit."""
+        """``"27.2 tok/s · TTFT 1.2 s"``; ``"forward 3.1 ms"`` for a model that generates
+        nothing; ``""`` when it does not fit."""
+        if not self.generates:
+            return "" if self.forward_s is None else f"forward {format_seconds(self.forward_s)}"
         if self.tokens_per_s is None or self.ttft_s is None:
             return ""
         return f"{format_rate(self.tokens_per_s)} · TTFT {format_seconds(self.ttft_s)}"
@@ -121,6 +130,8 @@ class FitCell:
             "disk_layers": self.disk_layers,
             "tokens_per_s": self.tokens_per_s,
             "ttft_s": self.ttft_s,
+            "forward_s": self.forward_s,
+            "generates": self.generates,
             "budgets": {str(d): n for d, n in self.budgets.items()},
             "reserve": {str(d): n for d, n in self.reserve.items()},
             "why": list(self.why),
@@ -239,7 +250,14 @@ def fit_cell(
             pass
         else:
             return replace(cell, problem=f"{GPUS_UNUSED} ({problem})")
-    return FitCell(profile.name, context, NO_FIT, budgets=budgets, problem=problem)
+    return FitCell(
+        profile.name,
+        context,
+        NO_FIT,
+        budgets=budgets,
+        problem=problem,
+        generates=generates_tokens(opened),
+    )
 
 
 def _planned_cell(
@@ -279,6 +297,8 @@ def _planned_cell(
         disk_layers=on_disk,
         tokens_per_s=prediction.tokens_per_s,
         ttft_s=prediction.ttft_s,
+        forward_s=prediction.prefill_s,
+        generates=generates_tokens(opened),
         device_map=dict(plan.device_map),
         budgets=dict(budgets),
         reserve=dict(plan.reserve),

@@ -330,7 +330,8 @@ def next_piece(decoded: str, streamed: str) -> tuple[str, str]:
 def predict_figures(
     loaded: Any, profile: str | Mapping[str, Any] | None, prompt_tokens: int
 ) -> dict[str, float]:
-    """The speed model's tokens/s and TTFT for this plan ({} when it cannot predict).
+    """The speed model's tokens/s and TTFT for this plan, and ``"forward_s"``: one forward over
+    the prompt, the figure a run that generates nothing compares with ({} when it cannot predict).
 
     Args:
         loaded: the loaded model (``opened`` and ``device_map``).
@@ -358,6 +359,7 @@ def predict_figures(
     return {
         "tokens_per_s": float(prediction.tokens_per_s),
         "ttft_s": float(prediction.ttft_s),
+        "forward_s": float(prediction.prefill_s),
         "prompt_tokens": float(prompt_tokens),
     }
 

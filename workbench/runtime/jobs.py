@@ -37,6 +37,7 @@ from typing import Any
 
 from workbench.big_modeling.errors import BadInputError, LoadCancelled
 from workbench.big_modeling.progress import CancelToken, LoadProgress
+from workbench.runtime.model_kind import is_causal_lm
 from workbench.runtime.progress_throttle import ProgressThrottle
 from workbench.runtime.protocol import (
     Event,
@@ -53,6 +54,7 @@ from workbench.runtime.protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass
 class LoadedModel:
@@ -510,18 +512,6 @@ def _load_tokenizer(opened: Any) -> Any:
     except Exception as exc:  # a broken tokenizer must not fail the load: synthetic input
         logger.warning("tokenizer in %s could not be loaded (%s); using token ids", folder, exc)
         return None
-
-
-def is_causal_lm(model: Any) -> bool:
-    """True for models that generate text (``*ForCausalLM`` and friends)."""
-    name = type(model).__name__
-    if name.endswith(("ForCausalLM", "LMHeadModel")):
-        return True
-    can_generate = getattr(model, "can_generate", None)
-    try:
-        return bool(can_generate()) if callable(can_generate) else False
-    except Exception:
-        return False
 
 
 def _entry_sizes(opened: Any) -> dict[str, int]:

@@ -173,8 +173,11 @@ class LoadSummary:
 class InferenceResult:
     """Measured figures of one inference test, with the speed model's prediction beside them.
 
-    ``predicted`` holds ``{"tokens_per_s": .., "ttft_s": ..}`` (empty when no prediction could
-    be made) for the hardware named by ``predicted_for``; ``per_layer`` covers the last forward.
+    ``predicted`` holds ``{"tokens_per_s": .., "ttft_s": .., "forward_s": .., "prompt_tokens":
+    ..}`` (empty when no prediction could be made) for the hardware named by ``predicted_for``;
+    ``per_layer`` covers the last forward. A run of a model that generates nothing
+    (``one_forward``) measures one forward: ``ttft_s`` is its time, to compare with the
+    predicted ``forward_s``, and ``tokens_per_s`` the prompt tokens it processed per second.
     ``prompt_text`` is the text the model was given (after the chat template), ``chat_template``
     says whether the template built it, ``stop_reason`` is ``"eos"`` (the end-of-turn token),
     ``"max_new_tokens"`` or ``"forward"`` (one forward, no generation), and ``sampling`` holds
@@ -197,6 +200,12 @@ class InferenceResult:
     sampling: dict[str, Any] = field(default_factory=dict)
     predicted_for: str = ""
     memory: MemoryReconciliation | None = None
+
+    @property
+    def one_forward(self) -> bool:
+        """True for a run that made one forward and generated nothing (an encoder, a
+        classifier, a prompt-less input): its figures are a forward's time, not tokens/s."""
+        return self.stop_reason == "forward"
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,9 @@ class RunRecord:
     ``status``: ``"running"``, ``"done"``, ``"stopped"`` (by the user; the figures are those
     of the tokens streamed before the stop) or ``"failed"``. ``settings`` are the run's
     settings (mode, sampling, system prompt, ...); ``predicted_for`` names the hardware of
-    ``predicted`` (``"detected"``: this machine).
+    ``predicted`` (``"detected"``: this machine). ``one_forward``: the model generates
+    nothing, so the run was one forward: ``ttft_s`` is its time (``predicted["forward_s"]`` the
+    prediction) and there is no ``tokens_per_s``.
     """
 
     run_id: int
@@ -66,6 +68,7 @@ class RunRecord:
     status: str = "running"
     settings: dict[str, Any] = field(default_factory=dict)
     predicted_for: str = ""
+    one_forward: bool = False
 
     @property
     def map_id(self) -> str:
