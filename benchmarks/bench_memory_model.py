@@ -14,7 +14,10 @@ takes it, as ``generate`` does) and then one decode step, and compares:
 - total: weights + KV + activation against weights + the measured peak;
 - decode activation: ``decode_nbytes`` against the peak of the second generated token's
   forward minus what the cache grew by (the first step after a prefill also frees the prompt's
-  K/V storage that sliding layers keep a view of, so it is not the steady state).
+  K/V storage that sliding layers keep a view of, so it is not the steady state);
+- second chunk (decoder-only models): a chunked prefill's second chunk of ``--tokens / 2``
+  tokens after the first, ``forward_peak_terms(past=tokens / 2)`` against its peak minus what
+  the cache grew by (sdpa then gets a mask, and sliding layers keep the chunk's storage).
 
 sdpa runs torch's CPU flash-attention kernel, whose per-thread workspace is counted with
 ``cpu_threads=torch.get_num_threads()``.
@@ -37,8 +40,12 @@ import transformers as tf
 from torch.profiler import ProfilerActivity, profile
 
 from workbench.big_modeling.empty_init import init_empty_weights
-from workbench.big_modeling.planning.activation_peak import activation_peak
-from workbench.big_modeling.planning.kv_cache import kv_cache_per_layer, measured_cache_nbytes
+from workbench.big_modeling.planning.activation_peak import activation_peak, forward_peak_terms
+from workbench.big_modeling.planning.kv_cache import (
+    kv_cache_per_layer,
+    layout_of,
+    measured_cache_nbytes,
+)
 from workbench.big_modeling.planning.sizes import compute_module_sizes
 
 # The tests' tiny configs (tests/memory_model_configs.py), with windows below the prompt.
@@ -164,6 +171,7 @@ def run_case(
     decode_peak, _ = profiled_peak(model, **decode_inputs())
     grown = sum(measured_cache_nbytes(cache)) - before
     measured_decode = decode_peak - grown
+    chunk = "-" if encoder_decoder else _second_chunk(model, config, impl, batch, tokens // 2)
     predicted_total = predicted_weights + predicted_kv + peak_model.prefill_nbytes
     measured_total = measured_weights + peak
     return (
@@ -172,8 +180,43 @@ def run_case(
         f"({_error(predicted_kv, measured_kv)}) | {peak_model.prefill_nbytes} / {measured_act} "
         f"({_error(peak_model.prefill_nbytes, measured_act)}) | "
         f"{_error(predicted_total, measured_total)} | {peak_model.decode_nbytes} / "
-        f"{measured_decode} ({_error(peak_model.decode_nbytes, measured_decode)}) |"
+        f"{measured_decode} ({_error(peak_model.decode_nbytes, measured_decode)}) | {chunk} |"
     )
+
+
+def _second_chunk(
+    model: torch.nn.Module, config: object, impl: str, batch: int, chunk: int
+) -> str:
+    """``"pred / meas (error)"`` of a prefill's second chunk, or ``"-"`` when the model's
+    cache takes no chunk after a prefill."""
+    try:
+        with torch.no_grad():
+            first = model(
+                input_ids=torch.randint(0, VOCAB, (batch, chunk)), use_cache=True, logits_to_keep=1
+            )
+        cache = first.past_key_values
+        before = sum(measured_cache_nbytes(cache))
+        peak, _ = profiled_peak(
+            model,
+            input_ids=torch.randint(0, VOCAB, (batch, chunk)),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    except (TypeError, ValueError, RuntimeError):
+        return "-"
+    measured = peak - (sum(measured_cache_nbytes(cache)) - before)
+    predicted = forward_peak_terms(
+        layout_of(config),
+        batch=batch,
+        tokens=chunk,
+        past=chunk,
+        nbytes=4,
+        attention="eager" if impl == "eager" else "sdpa",
+        logits_to_keep=1,
+        cpu_threads=torch.get_num_threads(),
+    )["peak"]
+    return f"{predicted} / {measured} ({_error(predicted, measured)})"
 
 
 def main() -> None:
@@ -189,9 +232,9 @@ def main() -> None:
     )
     print(
         "| kind | attention | weights pred / meas | KV pred / meas | activation pred / meas | total "
-        "| decode activation pred / meas |"
+        "| decode activation pred / meas | second chunk pred / meas |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, (config, model_class) in cases().items():
         for impl in ("eager", "sdpa"):
             row = run_case(name, config, model_class, impl, args.batch, args.tokens)

@@ -321,3 +321,18 @@ def test_a_model_without_a_memory_model_plans_without_the_default_reserve(
     assert data["warnings"][0].startswith(f"no memory model for {tmp_path.name} (ResNetConfig")
     code, out, err = cli("plan", str(tmp_path), "--max-memory", "cpu=1GiB", "--context", "128")
     assert (code, out) == (2, "") and "ResNetConfig has no layer count" in err  # asked for one
+
+
+def test_an_encoder_plan_predicts_one_forward_not_tokens_per_second(cli) -> None:
+    code, out, _ = cli("plan", "bert-base-uncased", "--max-memory", "cpu=8GiB")
+    assert code == 0
+    (line,) = [text for text in out.splitlines() if text.startswith("predicted")]
+    assert line.startswith("predicted  one forward over 128 tokens in ")
+    assert "tok/s" not in line and "TTFT" not in line
+    code, out, _ = cli("plan", "bert-base-uncased", "--max-memory", "cpu=8GiB", "--json")
+    data = json.loads(out)
+    assert data["generates_tokens"] is False
+    speed = data["speed"]
+    assert 0 < speed["prefill_s"] < speed["ttft_s"] and speed["prompt_tokens"] == 128
+    code, out, _ = cli("plan", "gpt2", "--max-memory", "cpu=8GiB", "--json")
+    assert json.loads(out)["generates_tokens"] is True

@@ -40,6 +40,7 @@ from workbench.commands.plan_precisions import (
     sizes_words,
 )
 from workbench.runtime import BadInputError
+from workbench.runtime.model_kind import generates_tokens
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # runtime.planning's (torch)
 KV_DTYPES = ("model", "fp16", "bf16", "fp8", "int8")  # runtime.planning's (torch)
@@ -238,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning    {text}")
     if args.output:
         print(f"wrote      {args.output}")
-    print(f"predicted  {prediction.summary()} on {speed_profile.name}")
+    speed = prediction.summary(generates=generates_tokens(opened))
+    print(f"predicted  {speed} on {speed_profile.name}")
     if code:
         print()
         print(code, end="")
@@ -409,5 +411,6 @@ def _plan_document(
         "output": args.output,
         "profile": profile.name,
         "speed": prediction.to_dict(),
+        "generates_tokens": generates_tokens(opened),  # False: the speed is speed.prefill_s
         "code": code,
     }

@@ -149,12 +149,14 @@ class SpeedPrediction:
     prompt_tokens: int = 128
     prefill_s: float = 0.0
 
-    def summary(self) -> str:
-        """One line: ``"0.41 tok/s, TTFT 12.3 s (transfer-bound: disk)"``."""
-        return (
-            f"{self.tokens_per_s:.3g} tok/s, TTFT {self.ttft_s:.3g} s "
-            f"({self.bottleneck}-bound, prefetch {'on' if self.prefetch else 'off'})"
-        )
+    def summary(self, *, generates: bool = True) -> str:
+        """One line: ``"0.41 tok/s, TTFT 12.3 s (disk-bound, prefetch on)"``; for a model
+        that generates nothing (``generates=False``, an encoder such as BERT) the forward:
+        ``"one forward over 128 tokens in 0.00231 s (compute-bound, prefetch on)"``."""
+        how = f"({self.bottleneck}-bound, prefetch {'on' if self.prefetch else 'off'})"
+        if not generates:
+            return f"one forward over {self.prompt_tokens} tokens in {self.prefill_s:.3g} s {how}"
+        return f"{self.tokens_per_s:.3g} tok/s, TTFT {self.ttft_s:.3g} s {how}"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -12,13 +12,17 @@ the compute dtype). Every term is a tensor transformers 5 / torch allocate, meas
                + T * H * s                    GPT-2 / GPTBigCode: position embeddings
                + 2 * B * T * r * s            the rotary cos and sin
                + 2 * h * T * S * s            T5: the position bias and its copy (no batch)
-               + B * kv * (T - window + 1) * (d + dv) * s    per sliding layer, prefill: the
-                                              cache's view keeps the whole prompt's K/V
+               + B * kv * (min(P, window - 1) + T - min(S, window - 1)) * (d + dv) * s
+                                              per sliding layer, T > 1: the cache keeps a view
+                                              of the last window - 1 tokens of the concatenated
+                                              K/V, whose storage stays (a prefill: T - window + 1)
     mask       = B * T * S * s                eager: the additive mask, one per pattern
-               = T * S                        sdpa past a window: the bool mask
+               = T * S                        sdpa past a window, or a chunk (1 < T < S) after
+                                              a cache: the bool mask (is_causal cannot say it)
     attention  = B * h * T * d * s            queries
                + 2 * B * h * S * d * s        K/V repeated to all heads (GQA eager; sdpa
-                                              with a mask and T > 1; not GPTBigCode)
+                                              with a mask and T > 1, a chunked prefill's chunks
+                                              after the first too; not GPTBigCode)
                + B * h * T * S * (s + 4)      eager: scores and their float32 softmax
                                               (encoder-decoder: (2 * s + 4), the pre-softmax
                                               scores live too)
@@ -27,7 +31,7 @@ the compute dtype). Every term is a tensor transformers 5 / torch allocate, meas
                + B * h * T * dv * s           sdpa: the output
                + workspace                    sdpa on CPU: per thread a float32 q_split x
                                               kv_split score block and a q_split x dv output
-               + B * T * S * s                sdpa past a window: the mask made additive
+               + B * T * S * s                sdpa with that mask: the mask made additive
                + max(2 * h * T * S * s + T * S, h * T * S * s + output + workspace)
                                               T5 sdpa: the bias folded with a causal mask
              MLA adds kv_b_proj's K/V (B * h * S * (nope + dv) * s) and the keys with their
@@ -167,9 +171,11 @@ def forward_peak_terms(
             )
             if mask:
                 masks[layer.kind] = mask
-            if layer.kind == "sliding" and prefill and layer.window is not None:
-                # the cache keeps a view of the last window - 1 tokens of the prompt's K/V
-                dropped = max(t - (layer.window - 1), 0)
+            if layer.kind == "sliding" and t > 1 and layer.window is not None:
+                # the cache keeps a view of the last window - 1 tokens of the concatenated
+                # cached and new K/V, whose storage stays: a prefill chunk adds all its tokens
+                kept = min(past, layer.window - 1)
+                dropped = kept + t - min(past + t, layer.window - 1)
                 sliding_storage += (
                     b * layer.kv_heads * dropped * (layer.head_dim + layer.v_head_dim) * nbytes
                 )

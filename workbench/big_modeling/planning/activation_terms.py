@@ -56,8 +56,9 @@ def attention_bytes(
         # kv_b_proj's per-head non-rotary K and V, and the keys with the rope part appended
         working += b * h * seen * (layer.mla.qk_nope_head_dim + dv) * nbytes
         working += b * h * seen * dq * nbytes
-    # sdpa needs an explicit mask past a sliding window (is_causal cannot express it)
-    explicit_mask = layer.window is not None and total > layer.window
+    # sdpa needs an explicit mask past a sliding window, or for a chunk of queries after a
+    # cache (is_causal aligns queries with the first keys; it cannot express either)
+    explicit_mask = (layer.window is not None and total > layer.window) or 1 < t < total
     repeated = eager or (explicit_mask and t > 1)
     if layer.kind != "mla" and repeats and layer.kv_heads < h and repeated:
         # K and V repeated to every head (transformers' repeat_kv; sdpa repeats them when it
