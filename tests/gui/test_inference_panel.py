@@ -119,6 +119,7 @@ def test_run_streams_tokens_then_shows_figures_and_layers(qtbot, panel) -> None:
     record = finished.args[0]
     assert record.status == "done" and record.device_map == MAP_A and record.new_tokens == 3
     assert panel.rate_label.text() == "12.5 tok/s (predicted 10 tok/s)"
+    assert panel.ttft_title.text() == "time to first token"
     assert panel.ttft_label.text() == "250 ms (predicted 200 ms)"
     # layers.0.attn folds into its unit layers.0: 3 rows, compute of layers.0 counted once
     assert panel.layer_table.rowCount() == 3
@@ -476,6 +477,7 @@ def test_a_model_that_generates_nothing_shows_its_forward_time(qtbot, panel, cap
     shown = "30 ms, one forward over 5 tokens (predicted 2.0 ms on this machine)"
     assert panel.ttft_label.text() == shown
     assert panel.rate_label.text() == "— (the model generates no tokens)"
+    assert panel.ttft_title.text() == "forward time"  # no first token to time
     row = [panel.history.model.index(0, c).data() for c in range(7)]
     assert row[3] == "—" and row[4] == "30 ms" and row[5] == "one forward"
     assert row[6] == "forward 2.0 ms"

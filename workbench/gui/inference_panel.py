@@ -77,6 +77,8 @@ from workbench.runtime.sampling import describe_sampling, sampling_dict
 from workbench.wording import plural
 
 logger = logging.getLogger(__name__)
+TTFT_TITLE = "time to first token"
+FORWARD_TITLE = "forward time"  # a model that generates nothing: one forward
 
 CHAT, RAW = "chat", "raw"
 MODE_LABELS = {CHAT: "Chat", RAW: "Raw prompt"}
@@ -217,9 +219,11 @@ class InferencePanel(QWidget):
         top.addWidget(self.status_label, 1)
         figures = QGridLayout()  # two rows of two figures: the panel fits a short dock
         figures.setVerticalSpacing(2)
+        # "forward time" for a model that generates nothing (its run is one forward)
+        self.ttft_title = QLabel(TTFT_TITLE, self)
         for position, (title, label) in enumerate(
             (
-                ("time to first token", self.ttft_label),
+                (self.ttft_title, self.ttft_label),
                 ("decode speed", self.rate_label),
                 ("tokens", self.tokens_label),
                 ("verify", self.verify_label),
@@ -227,7 +231,8 @@ class InferencePanel(QWidget):
         ):
             row, column = divmod(position, 2)
             label.setWordWrap(True)  # long figures wrap instead of widening the panel
-            figures.addWidget(QLabel(title, self), row, 2 * column)
+            title_label = title if isinstance(title, QLabel) else QLabel(title, self)
+            figures.addWidget(title_label, row, 2 * column)
             figures.addWidget(label, row, 2 * column + 1)
         figures.setColumnStretch(1, 1)
         figures.setColumnStretch(3, 1)
@@ -314,6 +319,7 @@ class InferencePanel(QWidget):
         if self.busy:  # the run in flight was for the model loaded before
             self._stale = True
             self._clear_verify()
+        self.ttft_title.setText(TTFT_TITLE if summary.is_causal_lm else FORWARD_TITLE)
         can_chat = summary.is_causal_lm and summary.has_tokenizer
         item = self.mode_combo.model().item(self.mode_combo.findData(CHAT))
         if item is not None:
@@ -629,6 +635,7 @@ class InferencePanel(QWidget):
             self.output_edit.setPlainText(record.text)
         if empty and not self._chat_turn:
             self.output_edit.setPlaceholderText(empty)
+        self.ttft_title.setText(FORWARD_TITLE if value.one_forward else TTFT_TITLE)
         ttft, rate, tip = figures_with_predictions(value)
         for label, text in ((self.ttft_label, ttft), (self.rate_label, rate)):
             label.setText(text)
