@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.runtime.formatting import format_bandwidth, format_rate, format_seconds, format_ttft
+from workbench.runtime.formatting import (
+    format_bandwidth,
+    format_forward,
+    format_rate,
+    format_seconds,
+    format_ttft,
+)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +51,13 @@ def test_sub_millisecond_times_do_not_read_as_zero(seconds: float, text: str) ->
 def test_ttft_says_which_prompt_length_it_is_for() -> None:
     assert format_ttft(0.0021, 128) == "2.1 ms for a 128-token prompt"
     assert format_ttft(0.05, None) == "50 ms"
+
+
+def test_one_forward_says_its_input_length_when_known() -> None:
+    assert format_forward(0.0081, 128) == "one forward over 128 tokens in 8.1 ms"
+    assert format_forward(0.03, 1) == "one forward over 1 token in 30 ms"
+    assert format_forward(0.03, None) == "one forward in 30 ms"
+    assert format_forward(0.03, 0) == "one forward in 30 ms"  # a synthetic input
 
 
 @pytest.mark.parametrize(

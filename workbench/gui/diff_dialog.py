@@ -35,7 +35,7 @@ from workbench.gui.commands import SetDeviceMapCommand
 from workbench.gui.map_io import read_map_file
 from workbench.models.speed import predict_speed
 from workbench.runtime import BadInputError, device_label, device_sort_key
-from workbench.runtime.formatting import format_nbytes, format_rate, format_seconds
+from workbench.runtime.formatting import format_forward, format_nbytes, format_rate, format_seconds
 from workbench.runtime.map_edits import diff_maps, key_problems
 from workbench.runtime.model_kind import generates_tokens
 
@@ -164,7 +164,7 @@ class DiffDialog(QDialog):
             if generates_tokens(window.session.opened):
                 figures = f"{format_rate(prediction.tokens_per_s)}, TTFT {format_seconds(prediction.ttft_s)}"
             else:  # one forward is all its run makes
-                figures = f"one forward {format_seconds(prediction.prefill_s)}"
+                figures = format_forward(prediction.prefill_s)
             parts.append(f"{label}: {figures}")
         return "Predicted speed — " + "; ".join(parts)
 

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QTableWidget, QTableWidgetItem
 from workbench.gui.colors import FAIL_HEX, PASS_HEX
 from workbench.runtime.formatting import (
     format_bandwidth,
+    format_forward,
     format_nbytes,
     format_rate,
     format_seconds,
@@ -86,7 +87,7 @@ def outcome(record: RunRecord, reason: str = "") -> str:
         )
     figures = ""
     if record.kind == "infer" and record.one_forward:
-        figures = f"one forward in {format_seconds(record.ttft_s or 0.0)}"
+        figures = format_forward(record.ttft_s or 0.0)
         if "forward_s" in record.predicted:
             where = hardware_words(record.predicted_for)
             figures += f" (predicted {format_seconds(record.predicted['forward_s'])}{where})"

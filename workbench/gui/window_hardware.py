@@ -20,11 +20,10 @@ from workbench.gui.commands import SetBudgetsCommand, SetProfileCommand
 from workbench.gui.hardware_selector import HardwareSelector, available_profiles
 from workbench.gui.workers import TaskThread
 from workbench.models.speed import predict_speed
-from workbench.runtime.formatting import format_rate, format_seconds, format_ttft
+from workbench.runtime.formatting import format_forward, format_rate, format_ttft
 from workbench.runtime.model_kind import generates_tokens
 from workbench.runtime.precision_session import planned_tree
 from workbench.runtime.session import Session
-from workbench.wording import plural
 
 
 class WindowHardware(QObject):
@@ -176,10 +175,9 @@ class WindowHardware(QObject):
         how = f"{prediction.bottleneck}-bound, prefetch {'on' if prediction.prefetch else 'off'}"
         if not generates_tokens(self.session.opened):  # its inference test is one forward
             self.speed_label.setText(
-                f"<b>Predicted for {where}:</b> one forward over "
-                f"{plural(prediction.prompt_tokens, 'token')} in "
-                f"{format_seconds(prediction.prefill_s)} ({how}; the model generates no "
-                "tokens)"
+                f"<b>Predicted for {where}:</b> "
+                f"{format_forward(prediction.prefill_s, prediction.prompt_tokens)} ({how}; "
+                "the model generates no tokens)"
             )
             return
         self.speed_label.setText(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from workbench.runtime.engine import format_nbytes, format_param_count
-from workbench.wording import with_article
+from workbench.wording import plural, with_article
 
 __all__ = [
     "format_bandwidth",
@@ -59,6 +59,18 @@ def format_ttft(seconds: float, prompt_tokens: int | None) -> str:
     if prompt_tokens is None or prompt_tokens <= 0:
         return text
     return f"{text} for {with_article(f'{prompt_tokens}-token prompt')}"
+
+
+def format_forward(seconds: float, tokens: int | None = None) -> str:
+    """Return the time of one forward (a model that generates nothing), with its input length
+    when known.
+
+    Example:
+        >>> format_forward(0.0081, 128), format_forward(0.03, 1), format_forward(0.03)
+        ('one forward over 128 tokens in 8.1 ms', 'one forward over 1 token in 30 ms', 'one forward in 30 ms')
+    """
+    over = f" over {plural(tokens, 'token')}" if tokens else ""
+    return f"one forward{over} in {format_seconds(seconds)}"
 
 
 def format_bandwidth(bytes_per_s: float) -> str:
