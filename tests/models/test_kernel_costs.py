@@ -40,6 +40,8 @@ CPU_ONLY = HardwareProfile(
         DeviceSpec("cpu", "ram", 64 * GIB, None, compute_tflops=1.0, memory_bandwidth_gbps=20.0),
         DeviceSpec("disk", "ssd", 10**12),
     ),
+    module_call_us=0.0,  # the kernels alone: a tiny demo's dispatch would hide their costs
+    forward_call_us=0.0,
 )
 
 

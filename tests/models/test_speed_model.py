@@ -26,6 +26,8 @@ PROFILE = HardwareProfile(
     ),
     host_to_device_gbps=10.0,
     disk_read_gbps=1.0,
+    module_call_us=0.0,  # the hand-checked bandwidths alone; dispatch has its own tests
+    forward_call_us=0.0,
 )
 
 
@@ -165,3 +167,32 @@ def with_sizes(tree, sizes):
     from workbench.runtime.precision_planning import with_tensor_sizes
 
     return with_tensor_sizes(tree, {**tree.tensor_nbytes, **sizes})
+
+
+def test_the_hosts_dispatch_adds_on_the_cpu_and_is_a_floor_on_a_gpu(toy_tree) -> None:
+    profile = replace(PROFILE, module_call_us=100.0, forward_call_us=1000.0)
+    on_cpu = predict_speed(toy_tree, {"": "cpu"}, profile, prompt_tokens=100)
+    # each Linear is one module call: 1e-4 s; its work max(2e6 / 5e11, 2e6 / 4e10) = 5e-5 s
+    first, _ = on_cpu.per_layer
+    assert first.dispatch_s == pytest.approx(1e-4)
+    assert first.compute_s == pytest.approx(5e-5 + 1e-4)  # the same cores do both
+    assert on_cpu.decode_s == pytest.approx(2 * 1.5e-4 + 1e-3)  # + one forward's 1 ms
+    # prefill: max(2e8 / 5e11, 5e-5) = 4e-4 s of work per layer, dispatched once
+    assert on_cpu.prefill_s == pytest.approx(2 * (4e-4 + 1e-4) + 1e-3)
+    assert on_cpu.bottleneck == "dispatch"  # 1.2 ms of the 1.3 ms step is the host's
+    on_gpu = predict_speed(toy_tree, {"": 0}, profile)
+    # the GPU's 2.5e-6 s per layer hides behind the host's 1e-4 s of launches
+    assert on_gpu.per_layer[0].compute_s == pytest.approx(1e-4)
+    assert on_gpu.decode_s == pytest.approx(2 * 1e-4 + 1e-3)
+    assert on_gpu.bottleneck == "dispatch"
+    without = predict_speed(toy_tree, {"": 0}, PROFILE)
+    assert without.bottleneck == "memory" and without.per_layer[0].dispatch_s == 0
+
+
+def test_a_transformer_layer_dispatches_its_leaf_modules(demo_llama_dir) -> None:
+    opened = open_model(demo_llama_dir)
+    profile = replace(PROFILE, module_call_us=10.0)
+    layers = {layer.name: layer for layer in predict_speed(opened, {"": "cpu"}, profile).per_layer}
+    # q, k, v, o, gate, up, down, the activation and two norms: 10 calls of 10 us
+    assert layers["model.layers.0"].dispatch_s == pytest.approx(10 * 10e-6)
+    assert layers["model.embed_tokens"].dispatch_s == pytest.approx(10e-6)

@@ -27,6 +27,9 @@ margin (``device_probe.SAFETY_MARGINS``: CUDA context + allocator fragmentation 
 RAM and disk). A budget is ``memory - held - margin`` (``free - margin`` when detected).
 An optional ``"kernel_costs": {"cpu": {"int8": 0.26, ...}, "cuda": {...}}`` gives each
 precision's decode kernel efficiency (``kernel_costs`` module; the documented table otherwise).
+Optional ``"module_call_us"`` and ``"forward_call_us"`` give the host's cost of an eager forward
+beyond its arithmetic, per module call and per forward (``dispatch_probe``; typical values
+``DEFAULT_MODULE_CALL_US`` and ``DEFAULT_FORWARD_CALL_US`` otherwise, measured when detected).
 
 Example:
     >>> profile = load_profile("rtx4090-64gb.json")  # the file above  # doctest: +SKIP
@@ -61,12 +64,15 @@ from workbench.models.device_probe import (
     known_gpu_speed,
     measured_link_bandwidth,
 )
+from workbench.models.dispatch_probe import DispatchOverhead, cached_dispatch_overhead
 from workbench.models.errors import ProfileError
 from workbench.models.hardware_profile import (
     DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS,
     DEFAULT_CPU_TFLOPS,
     DEFAULT_DISK_READ_GBPS,
+    DEFAULT_FORWARD_CALL_US,
     DEFAULT_HOST_TO_DEVICE_GBPS,
+    DEFAULT_MODULE_CALL_US,
     DETECTED_NAME,
     GENERIC_GPU_BANDWIDTH_GBPS,
     GENERIC_GPU_TFLOPS,
@@ -165,6 +171,7 @@ def detect_hardware(
     *,
     measure_links: bool = True,
     measure_kernels: bool = False,
+    measure_dispatch: bool = True,
 ) -> HardwareProfile:
     """Describe this machine: each CUDA device (total, held by the driver and other processes,
     free), CPU RAM, and the free disk where ``offload_folder`` (default:
@@ -175,7 +182,10 @@ def detect_hardware(
     memory bandwidths are known values for the GPU's name. Budgets are ``free - margin``.
     The CPU's kernel costs and memory bandwidth come from the cached CPU kernel probe
     (``device_probe.cached_cpu_kernels``), measured now only with ``measure_kernels`` (it
-    needs torchao); without one they are the documented and typical values.
+    needs torchao); without one they are the documented and typical values. The host's
+    dispatch cost per module call and per forward comes from the cached dispatch probe
+    (``dispatch_probe.cached_dispatch_overhead``), measured when missing with
+    ``measure_dispatch`` (about a second, once per machine).
     """
     devices: list[DeviceSpec] = []
     links = None
@@ -239,10 +249,27 @@ def detect_hardware(
             + ", ".join(f"{k} {v:.2g}x" for k, v in kernels.efficiency.items() if k != "plain")
             + " of its bandwidth)"
         )
+    dispatch = cached_dispatch_overhead(measure_if_missing=measure_dispatch)
+    if dispatch is not None:
+        profile = with_dispatch_overhead(profile, dispatch)
+        measured += (
+            f"; dispatch measured ({dispatch.per_module_s * 1e6:.3g} us per module call, "
+            f"{dispatch.step_s * 1e3:.2g} ms per forward)"
+        )
     notes = [measured, profile.budget_description()]
     if profile.accelerators:
         notes.append(f"GPU margin: {SAFETY_MARGINS['cuda'].why}")
     return replace(profile, description=f"this machine (detected; {'; '.join(notes)})")
+
+
+def with_dispatch_overhead(profile: HardwareProfile, probe: DispatchOverhead) -> HardwareProfile:
+    """``profile`` with this machine's measured host dispatch costs (``dispatch_probe``)."""
+    return replace(
+        profile,
+        module_call_us=probe.per_module_s * 1e6,
+        forward_call_us=probe.step_s * 1e6,
+        dispatch_measured=True,
+    )
 
 
 def with_cpu_kernels(profile: HardwareProfile, probe: CpuKernelProbe) -> HardwareProfile:
@@ -317,6 +344,13 @@ def profile_from_dict(data: Any, *, source: Path | None = None) -> HardwareProfi
         ),
         links_measured=data.get("links_measured") is True,
         kernel_costs=_kernel_costs(data, where_file),
+        module_call_us=_positive(
+            data, "module_call_us", DEFAULT_MODULE_CALL_US, where_file, allow_zero=True
+        ),
+        forward_call_us=_positive(
+            data, "forward_call_us", DEFAULT_FORWARD_CALL_US, where_file, allow_zero=True
+        ),
+        dispatch_measured=data.get("dispatch_measured") is True,
     )
 
 
@@ -447,4 +481,7 @@ def profile_for_budgets(
         host_to_device_pageable_gbps=base.host_to_device_pageable_gbps if base else None,
         links_measured=base.links_measured if base else False,
         kernel_costs=base.kernel_costs if base else DEFAULT_KERNEL_COSTS,
+        module_call_us=base.module_call_us if base else DEFAULT_MODULE_CALL_US,
+        forward_call_us=base.forward_call_us if base else DEFAULT_FORWARD_CALL_US,
+        dispatch_measured=base.dispatch_measured if base else False,
     )

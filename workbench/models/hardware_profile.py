@@ -24,6 +24,14 @@ PAGEABLE_FRACTION = 0.5
 DEFAULT_DISK_READ_GBPS = 2.0  # a mid-range NVMe SSD
 DEFAULT_CPU_TFLOPS = 0.5
 DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS = 40.0
+# The host's cost of an eager forward beyond its arithmetic (``dispatch_probe``): per module
+# call (a transformer layer's average per leaf module, its other operations included) and per
+# forward (masks, cache, generate's loop). Measured on this machine for the detected profile;
+# elsewhere these: this project's 2-core VM measures 13-20 us per module for float32
+# transformer layers and 26 us in bfloat16, 0.4 ms per forward; a faster desktop or server
+# host dispatches in about half, and on a GPU each call launches at least one kernel (~5 us).
+DEFAULT_MODULE_CALL_US = 15.0
+DEFAULT_FORWARD_CALL_US = 300.0
 GENERIC_GPU_TFLOPS = 100.0  # a GPU whose speed is not known
 GENERIC_GPU_BANDWIDTH_GBPS = 1000.0
 
@@ -119,6 +127,10 @@ class HardwareProfile:
         links_measured: whether the host-to-device figures were measured on this machine.
         kernel_costs: each precision's decode kernel efficiency per backend
             (``kernel_costs`` module); the documented table unless measured or given.
+        module_call_us: the host's microseconds per module call of an eager forward
+            (``models.dispatch_probe``): measured for the detected profile, else typical.
+        forward_call_us: the host's microseconds per forward outside its modules.
+        dispatch_measured: whether those two were measured on this machine.
     """
 
     name: str
@@ -130,6 +142,9 @@ class HardwareProfile:
     host_to_device_pageable_gbps: float | None = None
     links_measured: bool = False
     kernel_costs: KernelCosts = field(default=DEFAULT_KERNEL_COSTS, compare=False)
+    module_call_us: float = DEFAULT_MODULE_CALL_US
+    forward_call_us: float = DEFAULT_FORWARD_CALL_US
+    dispatch_measured: bool = False
 
     @property
     def pageable_gbps(self) -> float:
@@ -184,6 +199,12 @@ class HardwareProfile:
             links["links_measured"] = True
         if self.kernel_costs != DEFAULT_KERNEL_COSTS:
             links["kernel_costs"] = self.kernel_costs.to_dict()
+        if self.module_call_us != DEFAULT_MODULE_CALL_US:
+            links["module_call_us"] = self.module_call_us
+        if self.forward_call_us != DEFAULT_FORWARD_CALL_US:
+            links["forward_call_us"] = self.forward_call_us
+        if self.dispatch_measured:
+            links["dispatch_measured"] = True
         return {
             "name": self.name,
             "description": self.description,

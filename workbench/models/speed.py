@@ -13,19 +13,29 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
                 = W / BW_disk (+ W / BW_page)     if s == "disk" (the second term when e is a GPU)
                 = 0                               otherwise
     read        = sum over its tensors t of W_t / (M_e * mbu * eff(e, p_t))
-    decode      = max(2 N B / (F_e * mfu), read)      one token, batch B
-    prefill     = max(2 N B P / (F_e * mfu), read)    a prompt of P tokens
+    work        = max(2 N B / (F_e * mfu), read)      decode: one token, batch B
+                = max(2 N B P / (F_e * mfu), read)    prefill: a prompt of P tokens
+    dispatch    = modules in the layer * module_call_s   the host's Python and dispatcher
+    compute     = work + dispatch           on the CPU (the same cores do both)
+                = max(work, dispatch)       on a GPU (the host launches ahead of the kernels)
     layer time  = max(transfer_s, compute)  with prefetch (the next layer's copy overlaps this
                                             layer's compute, as a copy stream does)
                 = transfer_s + compute      without prefetch
 
-    per-token decode time = sum of decode layer times;  tokens_per_s = B / that time
-    prefill_s             = sum of prefill layer times (one forward over the prompt: all an
-                            encoder such as BERT ever runs, since it generates no tokens)
+    per-token decode time = sum of decode layer times + forward_call_s
+    tokens_per_s          = B / per-token decode time
+    prefill_s             = sum of prefill layer times + forward_call_s (one forward over the
+                            prompt: all an encoder such as BERT ever runs)
     ttft_s                = prefill_s + one decode step
 
+``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
+``forward_call_us`` (``dispatch_probe``: measured on this machine, typical elsewhere); the
+modules of a layer are its leaf modules (10 for a Llama layer). They are most of a small
+model's decode step: SmolLM2-135M's 30 layers dispatch 300 module calls per token.
+
 The one-word ``bottleneck`` names what most of the step waits for: the slowest link
-(``"disk"`` or ``"host-to-device"``) when transfers outweigh compute; else ``"memory"`` when the
+(``"disk"`` or ``"host-to-device"``) when transfers outweigh compute; else ``"dispatch"`` when
+the host's dispatch is most of the compute time; else ``"memory"`` when the
 layers whose weight-read time ``W / (M * mbu)`` exceeds their FLOP time ``2 N B / (F * mfu)``
 hold most of the compute time (decode at batch 1 almost always is), else ``"compute"``.
 
@@ -105,6 +115,8 @@ class LayerPrediction:
         memory_bound: whether reading its weights from device memory takes longer than its
             decode FLOPs (``read > 2 N B / (F mfu)``).
         precision: the precision kind holding most of its bytes (``"plain"``, ``"int4"`` ...).
+        dispatch_s: the host's seconds dispatching its module calls, per forward (in
+            ``compute_s`` and ``prefill_compute_s``: added on the CPU, a floor on a GPU).
     """
 
     name: str
@@ -117,6 +129,7 @@ class LayerPrediction:
     time_s: float = 0.0
     memory_bound: bool = False
     precision: str = "plain"
+    dispatch_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -225,6 +238,8 @@ def predict_speed(
     memory_h2d_bw = pinned_bw if prefetch else pageable_bw  # module docs: what our hooks copy
     disk_bw = profile.disk_read_gbps * GB
     costs = kernel_costs or profile.kernel_costs
+    module_call_s = profile.module_call_us * 1e-6
+    forward_call_s = profile.forward_call_us * 1e-6
     kinds: dict[str, str] = {}
 
     layers: list[LayerPrediction] = []
@@ -264,8 +279,13 @@ def predict_speed(
             for kind, kind_bytes in bytes_by_kind.items()
         )
         flops = 2.0 * _param_count(unit, tree) * batch_size
-        decode_compute_s = max(flops / flops_per_s, weight_read_s)
-        prefill_compute_s = max(flops * prompt_tokens / flops_per_s, weight_read_s)
+        dispatch_s = _module_calls(unit) * module_call_s
+        decode_compute_s = _with_dispatch(
+            max(flops / flops_per_s, weight_read_s), dispatch_s, execution
+        )
+        prefill_compute_s = _with_dispatch(
+            max(flops * prompt_tokens / flops_per_s, weight_read_s), dispatch_s, execution
+        )
         time_s = max(transfer_s, decode_compute_s) if prefetch else transfer_s + decode_compute_s
         layers.append(
             LayerPrediction(
@@ -279,6 +299,7 @@ def predict_speed(
                 time_s=time_s,
                 memory_bound=weight_read_s > flops / flops_per_s,
                 precision=max(bytes_by_kind, key=lambda k: bytes_by_kind[k]),
+                dispatch_s=dispatch_s,
             )
         )
     if uncovered:
@@ -291,10 +312,12 @@ def predict_speed(
     def combine(transfer: float, compute: float) -> float:
         return max(transfer, compute) if prefetch else transfer + compute
 
-    decode_s = sum(layer.time_s for layer in layers)
-    prefill_s = sum(combine(layer.transfer_s, layer.prefill_compute_s) for layer in layers)
+    decode_s = sum(layer.time_s for layer in layers) + forward_call_s
+    prefill_s = (
+        sum(combine(layer.transfer_s, layer.prefill_compute_s) for layer in layers) + forward_call_s
+    )
     transfer_total = sum(layer.transfer_s for layer in layers)
-    compute_total = sum(layer.compute_s for layer in layers)
+    compute_total = sum(layer.compute_s for layer in layers) + forward_call_s
     return SpeedPrediction(
         tokens_per_s=batch_size / decode_s if decode_s > 0 else float("inf"),
         ttft_s=prefill_s + decode_s,
@@ -302,7 +325,7 @@ def predict_speed(
         decode_s=decode_s,
         transfer_s=transfer_total,
         compute_s=compute_total,
-        bottleneck=_bottleneck(layers, transfer_total, compute_total),
+        bottleneck=_bottleneck(layers, transfer_total, compute_total, forward_call_s),
         prefetch=prefetch,
         prompt_tokens=prompt_tokens,
         prefill_s=prefill_s,
@@ -330,12 +353,44 @@ def _tensor_kind(
     return kind
 
 
-def _bottleneck(layers: list[LayerPrediction], transfer_s: float, compute_s: float) -> str:
+def _with_dispatch(work_s: float, dispatch_s: float, execution: int | str) -> float:
+    """A layer's compute: its work plus the host's dispatch on the CPU, which does both; on a
+    GPU the host launches ahead, so whichever is longer."""
+    return max(work_s, dispatch_s) if isinstance(execution, int) else work_s + dispatch_s
+
+
+def _module_calls(unit: ModuleNode) -> int:
+    """The module calls one forward makes in a layer: a block's leaf modules, else one."""
+    if not unit.no_split:
+        return 1
+    calls = 0
+    stack = [unit]
+    while stack:
+        node = stack.pop()
+        if not node.children:
+            calls += 1
+        stack.extend(node.children)
+    return calls
+
+
+def _bottleneck(
+    layers: list[LayerPrediction], transfer_s: float, compute_s: float, forward_call_s: float
+) -> str:
     if transfer_s > compute_s:
         disk_s = sum(layer.transfer_s for layer in layers if layer.device == "disk")
         return "disk" if disk_s > transfer_s / 2 else "host-to-device"
+    if forward_call_s + sum(_host_share(layer) for layer in layers) > compute_s / 2:
+        return "dispatch"
     memory_s = sum(layer.compute_s for layer in layers if layer.memory_bound)
     return "memory" if memory_s > compute_s / 2 else "compute"
+
+
+def _host_share(layer: LayerPrediction) -> float:
+    """The part of a layer's decode compute the host's dispatch accounts for: all of its
+    dispatch on the CPU; on a GPU its whole compute when the dispatch is the longer."""
+    if isinstance(layer.execution_device, int):
+        return layer.compute_s if layer.dispatch_s >= layer.compute_s else 0.0
+    return layer.dispatch_s
 
 
 def layer_unit_names(tree: ModuleTree) -> list[str]:

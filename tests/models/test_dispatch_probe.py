@@ -1,0 +1,86 @@
+"""The host's dispatch cost of an eager forward: measured on this machine, cached, carried by
+the detected profile and by profile files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from workbench.models.device_probe import cpu_kernel_cache_key
+from workbench.models.dispatch_probe import (
+    DispatchOverhead,
+    cached_dispatch_overhead,
+    leaf_module_count,
+    measure_dispatch_overhead,
+)
+from workbench.models.errors import ProfileError
+from workbench.models.hardware import detect_hardware, load_profile, profile_from_dict
+from workbench.models.hardware_profile import DEFAULT_FORWARD_CALL_US, DEFAULT_MODULE_CALL_US
+
+PROBE = DispatchOverhead(per_module_s=25e-6, step_s=4e-4, threads=2, measured_at=0.0)
+
+
+def test_the_probe_times_real_decode_steps() -> None:
+    probe = measure_dispatch_overhead(repeats=2)
+    # four more Llama layers cost more than none; the wrapper's share is never negative
+    assert probe.per_module_s > 0 and probe.step_s >= 0 and probe.threads >= 1
+
+
+def test_leaf_modules_are_the_calls_a_layer_makes() -> None:
+    block = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Linear(2, 2)), nn.GELU())
+    assert leaf_module_count(block) == 4
+    assert leaf_module_count(nn.Linear(2, 2)) == 1
+
+
+def test_the_probe_is_cached_per_machine(tmp_path: Path) -> None:
+    path = tmp_path / "dispatch-overhead.json"
+    assert cached_dispatch_overhead(cache_path=path, measure_if_missing=False) is None
+    calls = []
+
+    def measure() -> DispatchOverhead:
+        calls.append(1)
+        return PROBE
+
+    assert cached_dispatch_overhead(measure, cache_path=path) == PROBE
+    assert cached_dispatch_overhead(measure, cache_path=path) == PROBE and len(calls) == 1
+    assert cpu_kernel_cache_key() in json.loads(path.read_text())["machines"]
+    path.write_text(json.dumps({"version": 1, "machines": {cpu_kernel_cache_key(): {"x": 1}}}))
+    assert cached_dispatch_overhead(measure, cache_path=path) == PROBE and len(calls) == 2
+
+
+def test_a_failed_measurement_leaves_the_typical_values(tmp_path: Path) -> None:
+    def broken() -> DispatchOverhead:
+        raise RuntimeError("no transformers here")
+
+    path = tmp_path / "dispatch-overhead.json"
+    assert cached_dispatch_overhead(broken, cache_path=path) is None
+    assert not path.exists()
+
+
+def test_the_detected_profile_carries_the_measured_dispatch(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    unmeasured = detect_hardware(measure_links=False, measure_dispatch=False)
+    assert not unmeasured.dispatch_measured
+    assert (unmeasured.module_call_us, unmeasured.forward_call_us) == (
+        DEFAULT_MODULE_CALL_US,
+        DEFAULT_FORWARD_CALL_US,
+    )
+    cached_dispatch_overhead(lambda: PROBE)
+    profile = detect_hardware(measure_links=False, measure_dispatch=False)
+    assert profile.dispatch_measured
+    assert profile.module_call_us == pytest.approx(25.0)
+    assert profile.forward_call_us == pytest.approx(400.0)
+    assert "dispatch measured (25 us per module call, 0.4 ms per forward)" in profile.description
+
+
+def test_a_profile_file_gives_its_dispatch_costs() -> None:
+    data = load_profile("rtx4090-64gb").to_dict()
+    assert "module_call_us" not in data  # the typical values are left out of the file
+    custom = profile_from_dict({**data, "module_call_us": 8, "forward_call_us": 0})
+    assert (custom.module_call_us, custom.forward_call_us) == (8.0, 0.0)
+    assert profile_from_dict(custom.to_dict()) == custom
+    with pytest.raises(ProfileError, match=r"'module_call_us' must be 0 or more, got -1$"):
+        profile_from_dict({**data, "module_call_us": -1})
