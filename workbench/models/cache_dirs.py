@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.big_modeling.json_files import JsonFileError, read_json
 
 logger = logging.getLogger(__name__)
+
+Probe = TypeVar("Probe")
 
 
 def workbench_cache_dir() -> Path:
@@ -61,3 +65,40 @@ def write_measurement_cache(path: Path, field: str, table: dict[str, Any]) -> No
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps({"version": 1, field: table}, indent=2) + "\n")
+
+
+def cached_probe(
+    path: Path,
+    field: str,
+    key: str,
+    probe_type: Callable[..., Probe],
+    measure: Callable[[], Probe],
+    *,
+    measure_if_missing: bool,
+    what: str,
+) -> Probe | None:
+    """A machine's probe (a dataclass) from the ``field`` table of the cache ``path`` under
+    ``key``, else ``measure()``'s, written there; ``None`` when nothing is cached and
+    ``measure_if_missing`` is false, or the measurement fails (``RuntimeError``,
+    ``ImportError``: logged, the caller's typical values stand). A malformed cache file or
+    entry is measured again, never fatal; a cache that cannot be written is logged."""
+    entries = read_measurement_cache(path, field)
+    cached = entries.get(key)
+    if isinstance(cached, dict):
+        try:
+            return probe_type(**cached)
+        except TypeError:
+            logger.warning("%s cache %s: bad entry for %s; measuring again", what, path, key)
+    if not measure_if_missing:
+        return None
+    try:
+        probe = measure()
+    except (RuntimeError, ImportError) as exc:
+        logger.warning("%s not measured, typical values used: %s", what, exc)
+        return None
+    entries[key] = asdict(probe)
+    try:
+        write_measurement_cache(path, field, entries)
+    except OSError as exc:
+        logger.warning("%s cache %s not written: %s", what, path, exc)
+    return probe

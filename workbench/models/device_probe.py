@@ -37,6 +37,7 @@ from typing import Final
 import torch
 
 from workbench.models.cache_dirs import (
+    cached_probe,
     read_measurement_cache,
     workbench_cache_dir,
     write_measurement_cache,
@@ -388,22 +389,12 @@ def cached_cpu_kernels(
 
     A malformed cache file or entry is measured again, never fatal.
     """
-    path = cache_path or cpu_kernel_cache_path()
-    key = cpu_kernel_cache_key()
-    entries = read_measurement_cache(path, "devices")
-    cached = entries.get(key)
-    if isinstance(cached, dict):
-        try:
-            return CpuKernelProbe(**cached)
-        except TypeError:
-            logger.warning("CPU kernel cache %s: bad entry for %s; measuring again", path, key)
-    if not measure_if_missing:
-        return None
-    try:
-        probe = (measure or measure_cpu_kernels)()
-    except (RuntimeError, ImportError) as exc:
-        logger.warning("CPU kernels not measured, documented values used: %s", exc)
-        return None
-    entries[key] = asdict(probe)
-    write_measurement_cache(path, "devices", entries)
-    return probe
+    return cached_probe(
+        cache_path or cpu_kernel_cache_path(),
+        "devices",
+        cpu_kernel_cache_key(),
+        CpuKernelProbe,
+        measure or measure_cpu_kernels,
+        measure_if_missing=measure_if_missing,
+        what="CPU kernels",
+    )

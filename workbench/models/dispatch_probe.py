@@ -32,18 +32,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import torch
 from torch import nn
 
-from workbench.models.cache_dirs import (
-    read_measurement_cache,
-    workbench_cache_dir,
-    write_measurement_cache,
-)
+from workbench.models.cache_dirs import cached_probe, workbench_cache_dir
 from workbench.models.device_probe import cpu_kernel_cache_key
 
 __all__ = [
@@ -163,25 +159,12 @@ def cached_dispatch_overhead(
     ``measure_dispatch_overhead``), written to the cache; ``None`` when nothing is cached and
     ``measure_if_missing`` is false or the measurement fails (the profile's typical values are
     used, with a note in the log). A malformed cache file or entry is measured again."""
-    path = cache_path or dispatch_cache_path()
-    key = cpu_kernel_cache_key()
-    entries = read_measurement_cache(path, "machines")
-    cached = entries.get(key)
-    if isinstance(cached, dict):
-        try:
-            return DispatchOverhead(**cached)
-        except TypeError:
-            logger.warning("dispatch cache %s: bad entry for %s; measuring again", path, key)
-    if not measure_if_missing:
-        return None
-    try:
-        probe = (measure or measure_dispatch_overhead)()
-    except (RuntimeError, ImportError) as exc:
-        logger.warning("dispatch overhead not measured, typical values used: %s", exc)
-        return None
-    entries[key] = asdict(probe)
-    try:
-        write_measurement_cache(path, "machines", entries)
-    except OSError as exc:
-        logger.warning("dispatch cache %s not written: %s", path, exc)
-    return probe
+    return cached_probe(
+        cache_path or dispatch_cache_path(),
+        "machines",
+        cpu_kernel_cache_key(),
+        DispatchOverhead,
+        measure or measure_dispatch_overhead,
+        measure_if_missing=measure_if_missing,
+        what="dispatch overhead",
+    )
