@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from workbench.models import open_model
-from workbench.models.hardware import list_profiles
+from workbench.models.hardware import detect_hardware, list_profiles, with_host_probes
 from workbench.models.speed import predict_speed
 from workbench.runtime.inference import predict_figures, timed_module_names
 from workbench.runtime.protocol import InferenceResult, Result
@@ -48,6 +48,17 @@ def test_a_profile_sent_as_data_predicts_for_that_profile(opened: Any, laptop: A
     }
     assert predict_figures(loaded, laptop.name, 9) == figures  # by name: the same hardware
     assert predict_figures(loaded, {"name": "broken"}, 9) == {}  # a bad profile: no figures
+
+
+def test_this_machine_is_predicted_with_its_measured_host_costs(opened: Any) -> None:
+    # the detected profile gains the dispatch and matmul probes (measured once, then cached)
+    loaded = SimpleNamespace(opened=opened, model=opened.model, device_map={"": "cpu"})
+    figures = predict_figures(loaded, None, 9)
+    hardware = with_host_probes(detect_hardware())
+    assert hardware.dispatch_measured and hardware.cpu_matmul_curve is not None
+    expected = predict_speed(opened, {"": "cpu"}, hardware, prompt_tokens=9)
+    assert figures["tokens_per_s"] == pytest.approx(expected.tokens_per_s)
+    assert figures["forward_s"] == pytest.approx(expected.prefill_s)
 
 
 @pytest.mark.slow

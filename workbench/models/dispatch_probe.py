@@ -10,8 +10,8 @@ in all. The speed model (``speed``) adds this host time per layer:
     per forward       + step_s (the model's wrapper: masks, cache, generate's loop)
 
 Measured (``measure_dispatch_overhead``) by timing greedy ``generate`` decode steps of a tiny
-bfloat16 Llama (64 wide, transformers' own classes) with 2 and with 6 layers, the arithmetic
-negligible at that width: ``per_layer = (t6 - t2) / 4``, ``per_module_s = per_layer / module
+bfloat16 Llama (64 wide, transformers' own classes) with 2 and with 10 layers, the arithmetic
+negligible at that width: ``per_layer = (t10 - t2) / 8``, ``per_module_s = per_layer / module
 calls per layer`` (leaf modules: 10 for Llama), ``step_s = t2 - 2 per_layer - per_module_s x
 the modules outside the layers``. The per-module figure carries the layer's other operations
 (rotary, views, the cache update), so it is a per-leaf-module average for a transformer
@@ -30,9 +30,10 @@ Example:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
@@ -41,6 +42,7 @@ from torch import nn
 
 from workbench.models.cache_dirs import cached_probe, workbench_cache_dir
 from workbench.models.device_probe import cpu_kernel_cache_key
+from workbench.models.probe_process import measure_apart, probe_main
 
 __all__ = [
     "DispatchOverhead",
@@ -48,12 +50,13 @@ __all__ = [
     "dispatch_cache_path",
     "leaf_module_count",
     "measure_dispatch_overhead",
+    "measure_dispatch_overhead_apart",
 ]
 
 logger = logging.getLogger(__name__)
 
 PROBE_WIDTH: Final = 64
-PROBE_LAYERS: Final = (2, 6)
+PROBE_LAYERS: Final = (2, 10)
 
 
 @dataclass(frozen=True)
@@ -96,52 +99,69 @@ def _probe_model(layers: int) -> nn.Module:
     return LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
 
-def _decode_step_s(model: nn.Module, repeats: int, short: int = 4, long: int = 36) -> float:
-    """Best-of-``repeats`` seconds per greedy decode step: the difference of two ``generate``
-    calls (``short`` and ``long`` new tokens, neither allowed to stop early) over the extra
-    steps, so the prompt's forward and generate's set-up cancel."""
+def _generate_s(model: nn.Module, new_tokens: int) -> float:
+    """Seconds of one greedy ``generate`` of exactly ``new_tokens`` tokens."""
     ids = torch.tensor([[3, 4, 5, 6, 7]])
-
-    def timed(new_tokens: int) -> float:
-        start = time.perf_counter()
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-        )
-        return time.perf_counter() - start
-
-    with torch.inference_mode():
-        timed(short)  # warm-up: first-call kernel and cache set-up
-        best = min(timed(long) - timed(short) for _ in range(repeats))
-    return max(best, 0.0) / (long - short)
+    start = time.perf_counter()
+    model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+    )
+    return time.perf_counter() - start
 
 
-def measure_dispatch_overhead(repeats: int = 5) -> DispatchOverhead:
-    """Time the tiny Llama's decode steps at 2 and 6 layers (module docs) and derive the
-    per-module and per-forward host costs. About a second on two cores.
+def measure_dispatch_overhead(repeats: int = 5, short: int = 4, long: int = 36) -> DispatchOverhead:
+    """Time the tiny Llama's decode steps at 2 and 10 layers (module docs) and derive the
+    per-module and per-forward host costs. A decode step is the difference of ``generate``
+    with ``long`` and ``short`` new tokens over the extra steps (the prompt's forward and
+    generate's set-up cancel); each of the four timings is the best of ``repeats``, taken
+    round-robin so background load hits all alike. About a second on two cores.
 
     Raises:
-        RuntimeError: from torch or transformers.
+        RuntimeError: from torch or transformers, or a measurement drowned by other load
+            (the larger model not slower): nothing is cached then.
     """
     few, many = PROBE_LAYERS
-    small, large = _probe_model(few), _probe_model(many)
-    rounds = [(_decode_step_s(small, 1), _decode_step_s(large, 1)) for _ in range(repeats)]
-    short = min(pair[0] for pair in rounds)  # round-robin: background load hits both alike
-    long_ = min(pair[1] for pair in rounds)
-    per_layer = max(long_ - short, 0.0) / (many - few)
+    models = {layers: _probe_model(layers) for layers in PROBE_LAYERS}
+    best = {(layers, n): float("inf") for layers in PROBE_LAYERS for n in (short, long)}
+    with torch.inference_mode():
+        for model in models.values():
+            _generate_s(model, short)  # warm-up: first-call kernel and cache set-up
+        for _ in range(repeats):
+            for key, fastest in best.items():
+                best[key] = min(fastest, _generate_s(models[key[0]], key[1]))
+    step = {
+        layers: (best[layers, long] - best[layers, short]) / (long - short) for layers in models
+    }
+    per_layer = (step[many] - step[few]) / (many - few)
+    if per_layer <= 0:
+        raise RuntimeError(
+            f"dispatch probe inconclusive: a {many}-layer decode step took "
+            f"{step[many] * 1e3:.3f} ms, a {few}-layer one {step[few] * 1e3:.3f} ms"
+        )
+    small = models[few]
     layer_modules = leaf_module_count(small.model.layers[0])
     per_module = per_layer / layer_modules
     outside = leaf_module_count(small) - few * layer_modules
-    step = max(short - few * per_layer - outside * per_module, 0.0)
     return DispatchOverhead(
         per_module_s=per_module,
-        step_s=step,
+        step_s=max(step[few] - few * per_layer - outside * per_module, 0.0),
         threads=torch.get_num_threads(),
         measured_at=time.time(),
     )
+
+
+def measure_dispatch_overhead_apart() -> DispatchOverhead:
+    """``measure_dispatch_overhead`` in a fresh process (``probe_process``) at this process's
+    thread count, away from a worker's loaded model and threads.
+
+    Raises:
+        RuntimeError: the probe process failed.
+    """
+    return measure_apart("workbench.models.dispatch_probe", DispatchOverhead, "the dispatch probe")
 
 
 def dispatch_cache_path() -> Path:
@@ -164,7 +184,11 @@ def cached_dispatch_overhead(
         "machines",
         cpu_kernel_cache_key(),
         DispatchOverhead,
-        measure or measure_dispatch_overhead,
+        measure or measure_dispatch_overhead_apart,
         measure_if_missing=measure_if_missing,
         what="dispatch overhead",
     )
+
+
+if __name__ == "__main__":
+    sys.exit(probe_main(lambda spec: asdict(measure_dispatch_overhead())))

@@ -84,6 +84,7 @@ from workbench.models.kernel_costs import (
     MEMORY_BANDWIDTH_UTILIZATION,
     KernelCosts,
 )
+from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve
 from workbench.resources import resources_root
 
 logger = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def detect_hardware(
     *,
     measure_links: bool = True,
     measure_kernels: bool = False,
-    measure_dispatch: bool = True,
+    measure_dispatch: bool = False,
 ) -> HardwareProfile:
     """Describe this machine: each CUDA device (total, held by the driver and other processes,
     free), CPU RAM, and the free disk where ``offload_folder`` (default:
@@ -185,7 +186,9 @@ def detect_hardware(
     needs torchao); without one they are the documented and typical values. The host's
     dispatch cost per module call and per forward comes from the cached dispatch probe
     (``dispatch_probe.cached_dispatch_overhead``), measured when missing with
-    ``measure_dispatch`` (about a second, once per machine).
+    ``measure_dispatch``, and so does the CPU's matmul curve (``matmul_probe``: seconds by
+    weight size); both run in fresh processes, about 6 s once per machine
+    (``with_host_probes``).
     """
     devices: list[DeviceSpec] = []
     links = None
@@ -249,17 +252,33 @@ def detect_hardware(
             + ", ".join(f"{k} {v:.2g}x" for k, v in kernels.efficiency.items() if k != "plain")
             + " of its bandwidth)"
         )
-    dispatch = cached_dispatch_overhead(measure_if_missing=measure_dispatch)
-    if dispatch is not None:
-        profile = with_dispatch_overhead(profile, dispatch)
+    profile = with_host_probes(profile, measure=measure_dispatch)
+    if profile.cpu_matmul_curve is not None:
+        measured += "; CPU matmuls timed by weight size"
+    if profile.dispatch_measured:
         measured += (
-            f"; dispatch measured ({dispatch.per_module_s * 1e6:.3g} us per module call, "
-            f"{dispatch.step_s * 1e3:.2g} ms per forward)"
+            f"; dispatch measured ({profile.module_call_us:.3g} us per module call, "
+            f"{profile.forward_call_us / 1e3:.2g} ms per forward)"
         )
     notes = [measured, profile.budget_description()]
     if profile.accelerators:
         notes.append(f"GPU margin: {SAFETY_MARGINS['cuda'].why}")
     return replace(profile, description=f"this machine (detected; {'; '.join(notes)})")
+
+
+def with_host_probes(profile: HardwareProfile, *, measure: bool = True) -> HardwareProfile:
+    """``profile`` (this machine's) with the host's measured dispatch costs and the CPU's
+    matmul curve, from their caches, measured now where missing when ``measure`` (each in a
+    fresh process: 2 to 5 s the first time on a machine; a failure leaves typical values)."""
+    if profile.cpu_matmul_curve is None:
+        curve = cached_matmul_curve(measure_if_missing=measure)
+        if curve is not None:
+            profile = replace(profile, cpu_matmul_curve=curve)
+    if not profile.dispatch_measured:
+        dispatch = cached_dispatch_overhead(measure_if_missing=measure)
+        if dispatch is not None:
+            profile = with_dispatch_overhead(profile, dispatch)
+    return profile
 
 
 def with_dispatch_overhead(profile: HardwareProfile, probe: DispatchOverhead) -> HardwareProfile:
@@ -351,7 +370,28 @@ def profile_from_dict(data: Any, *, source: Path | None = None) -> HardwareProfi
             data, "forward_call_us", DEFAULT_FORWARD_CALL_US, where_file, allow_zero=True
         ),
         dispatch_measured=data.get("dispatch_measured") is True,
+        cpu_matmul_curve=_matmul_curve(data, where_file),
     )
+
+
+def _matmul_curve(data: dict[str, Any], where: str) -> MatmulCurve | None:
+    raw = data.get("cpu_matmul_curve")
+    if raw is None:
+        return None
+    try:
+        curve = MatmulCurve(**raw)
+        valid = all(
+            len(point) == 2 and point[0] > 0 and point[1] >= 0
+            for points in curve.points.values()
+            for point in points
+        )
+    except (TypeError, AttributeError) as exc:
+        raise ProfileError(f"{where}: 'cpu_matmul_curve': {exc}") from exc
+    if not valid:
+        raise ProfileError(
+            f"{where}: 'cpu_matmul_curve' points must be [bytes above 0, seconds 0 or more]"
+        )
+    return curve
 
 
 def _kernel_costs(data: dict[str, Any], where: str) -> KernelCosts:
@@ -484,4 +524,5 @@ def profile_for_budgets(
         module_call_us=base.module_call_us if base else DEFAULT_MODULE_CALL_US,
         forward_call_us=base.forward_call_us if base else DEFAULT_FORWARD_CALL_US,
         dispatch_measured=base.dispatch_measured if base else False,
+        cpu_matmul_curve=base.cpu_matmul_curve if base else None,
     )

@@ -6,7 +6,7 @@ re-exports them; the JSON format and the budget arithmetic are documented there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from workbench.big_modeling.planning.sizes import format_nbytes
 from workbench.models.device_probe import safety_margin_bytes
 from workbench.models.errors import ProfileError
 from workbench.models.kernel_costs import DEFAULT_KERNEL_COSTS, KernelCosts
+from workbench.models.matmul_probe import MatmulCurve
 
 DETECTED_NAME = "detected"
 DEFAULT_HOST_TO_DEVICE_GBPS = 25.0  # PCIe 4.0 x16 with pinned memory
@@ -131,6 +132,9 @@ class HardwareProfile:
             (``models.dispatch_probe``): measured for the detected profile, else typical.
         forward_call_us: the host's microseconds per forward outside its modules.
         dispatch_measured: whether those two were measured on this machine.
+        cpu_matmul_curve: this CPU's one-token matmul seconds by weight size and dtype
+            (``models.matmul_probe``), measured for the detected profile; ``None``: the CPU's
+            memory bandwidth alone.
     """
 
     name: str
@@ -145,6 +149,7 @@ class HardwareProfile:
     module_call_us: float = DEFAULT_MODULE_CALL_US
     forward_call_us: float = DEFAULT_FORWARD_CALL_US
     dispatch_measured: bool = False
+    cpu_matmul_curve: MatmulCurve | None = field(default=None, compare=False)
 
     @property
     def pageable_gbps(self) -> float:
@@ -205,6 +210,8 @@ class HardwareProfile:
             links["forward_call_us"] = self.forward_call_us
         if self.dispatch_measured:
             links["dispatch_measured"] = True
+        if self.cpu_matmul_curve is not None:
+            links["cpu_matmul_curve"] = asdict(self.cpu_matmul_curve)
         return {
             "name": self.name,
             "description": self.description,

@@ -28,6 +28,10 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
                             prompt: all an encoder such as BERT ever runs)
     ttft_s                = prefill_s + one decode step
 
+On the CPU, with the profile's ``cpu_matmul_curve`` (``matmul_probe``: measured for the
+detected profile), a plain Linear weight of ``W_t`` bytes is read in the curve's seconds for
+its size and dtype instead of ``W_t / (M * mbu)``: small weights never reach the bandwidth.
+
 ``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
 ``forward_call_us`` (``dispatch_probe``: measured on this machine, typical elsewhere); the
 modules of a layer are its leaf modules (10 for a Llama layer). They are most of a small
@@ -81,6 +85,7 @@ from workbench.big_modeling.errors import DeviceMapError
 from workbench.big_modeling.quantization.sizes import precision_of
 from workbench.models.hardware import HardwareProfile
 from workbench.models.kernel_costs import MEMORY_BANDWIDTH_UTILIZATION, KernelCosts, precision_kind
+from workbench.models.matmul_probe import MatmulCurve
 from workbench.models.tree import ModuleNode, ModuleTree
 
 if TYPE_CHECKING:
@@ -278,6 +283,10 @@ def predict_speed(
             kind_bytes / (memory_bw * costs.efficiency(execution, kind))
             for kind, kind_bytes in bytes_by_kind.items()
         )
+        if execution == "cpu" and profile.cpu_matmul_curve is not None:
+            weight_read_s += _curve_correction(
+                tree, unit, profile.cpu_matmul_curve, memory_bw, precisions, kinds
+            )
         flops = 2.0 * _param_count(unit, tree) * batch_size
         dispatch_s = _module_calls(unit) * module_call_s
         decode_compute_s = _with_dispatch(
@@ -351,6 +360,50 @@ def _tensor_kind(
             linear = False
         kind = cache[module] = precision_kind(precision) if precision and linear else "plain"
     return kind
+
+
+def _curve_correction(
+    tree: ModuleTree,
+    unit: ModuleNode,
+    curve: MatmulCurve,
+    memory_bw: float,
+    precisions: Mapping[str, str] | None,
+    kinds: dict[str, str],
+) -> float:
+    """Seconds to add to a CPU layer's bandwidth read so that each plain Linear weight takes
+    the CPU matmul curve's time for its bytes (``matmul_probe``) instead of its bytes at the
+    memory bandwidth (the curve's time less that read)."""
+    extra = 0.0
+    for tensor_name in _unit_tensors(unit):
+        nbytes = tree.tensor_nbytes.get(tensor_name)
+        module, _, attr = tensor_name.rpartition(".")
+        if nbytes is None or attr != "weight" or not _is_linear(tree, module):
+            continue
+        if _tensor_kind(tree, tensor_name, precisions, kinds) != "plain":
+            continue
+        seconds = curve.seconds(nbytes, _dtype_name(tree, module))
+        if seconds is not None:
+            extra += seconds - nbytes / memory_bw
+    return extra
+
+
+def _is_linear(tree: ModuleTree, module: str) -> bool:
+    """Whether ``module`` is a matmul layer (``nn.Linear`` and its kin, GPT-2's ``Conv1D``)."""
+    try:
+        class_name = tree.node(module).class_name
+    except KeyError:
+        return False
+    return "Linear" in class_name or class_name == "Conv1D"
+
+
+def _dtype_name(tree: ModuleTree, module: str) -> str:
+    """The dtype a module's weight is counted in: the tree's planning dtype, else by its bytes
+    per parameter (2: bfloat16, the usual 16-bit checkpoint; 4: float32)."""
+    if tree.planning_dtype is not None:
+        return str(tree.planning_dtype).removeprefix("torch.")
+    node = tree.node(module)
+    per_param = node.nbytes / node.param_count if node.param_count else 2
+    return "float32" if per_param >= 4 else "bfloat16"
 
 
 def _with_dispatch(work_s: float, dispatch_s: float, execution: int | str) -> float:

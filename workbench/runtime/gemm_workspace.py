@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,6 +48,7 @@ from workbench.models.cache_dirs import (
     write_measurement_cache,
 )
 from workbench.models.device_probe import cpu_kernel_cache_key
+from workbench.models.probe_process import run_probe_process
 from workbench.runtime.memory_prediction import main_device
 from workbench.runtime.model_inputs import accepts
 
@@ -206,24 +206,13 @@ def probe_gemm_workspace(
         "warm": [asdict(c) for c in warm],
         "calls": [asdict(c) for c in calls],
     }
-    command = [sys.executable, "-m", "workbench.runtime.gemm_workspace"]
-    try:
-        done = subprocess.run(
-            command,
-            input=json.dumps(spec),
-            capture_output=True,
-            text=True,
-            timeout=_PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"the matmul workspace probe did not finish: {exc}") from exc
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(
-            f"the matmul workspace probe failed (exit {done.returncode}): {done.stderr[-800:]}"
-        )
-    return int(json.loads(lines[-1])["bytes"])
+    answer = run_probe_process(
+        "workbench.runtime.gemm_workspace",
+        spec,
+        timeout_s=_PROBE_TIMEOUT_S,
+        what="the matmul workspace probe",
+    )
+    return int(answer["bytes"])
 
 
 # ------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from workbench.models.hardware import (
     detect_hardware,
     load_profile,
     profile_from_dict,
+    with_host_probes,
 )
 from workbench.models.speed import layer_unit_names, predict_speed
 from workbench.runtime.chat import chat_prompt, stop_token_ids
@@ -343,6 +344,8 @@ def predict_figures(
             hardware = profile_from_dict(dict(profile))
         else:
             hardware = load_profile(profile) if profile else detect_hardware()
+        if hardware.name == DETECTED_NAME:  # measured once per machine, after the timed run
+            hardware = with_host_probes(hardware)
         precisions = getattr(loaded, "extras", {}).get("precision_map") or {}
         sized = quantized_tree(loaded.opened, precisions) if precisions else loaded.opened
         prediction = predict_speed(

