@@ -210,3 +210,36 @@ def test_an_encoder_is_predicted_one_forward_not_tokens_per_second(
     open_in_window(window, whatif_config)  # a causal LM after it gets its tok/s back
     qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)
     assert "one forward" not in window.speed_label.text()
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_the_detected_prediction_takes_the_host_probes_a_run_measured(
+    qtbot, clean_settings, test_profile, whatif_config, open_in_window, tmp_path, monkeypatch
+) -> None:
+    """The worker measures this machine's host probes after its first run; the window's
+    Predicted line, made before them with typical values, then predicts with them."""
+    from dataclasses import replace
+
+    from workbench.gui.main_window import MainWindow
+    from workbench.models.dispatch_probe import DispatchOverhead, cached_dispatch_overhead
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))  # nothing measured yet
+    window = MainWindow(
+        profiles=[replace(test_profile, name="detected")],
+        warm_worker=False,
+        show_error=lambda title, text: None,
+        bridge=None,
+    )
+    window.errors = []  # type: ignore[attr-defined]  # what open_in_window checks
+    qtbot.addWidget(window, before_close_func=lambda w: w.session.mark_clean())
+    window.show()
+    open_in_window(window, whatif_config)
+    qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=5000)
+    blocks = [layer for layer in window.speed_prediction.per_layer if ".layers." in layer.name]
+    assert blocks[0].dispatch_s == pytest.approx(10 * 15e-6)  # typical: 15 us per call
+    cached_dispatch_overhead(lambda: DispatchOverhead(1e-3, 1e-2, 1, 0.0))  # as a run would
+    window.hardware.refresh_after_run()
+    qtbot.waitUntil(lambda: window.speed_prediction.per_layer[1].dispatch_s > 1e-3, timeout=5000)
+    blocks = [layer for layer in window.speed_prediction.per_layer if ".layers." in layer.name]
+    assert blocks[0].dispatch_s == pytest.approx(10 * 1e-3)  # its 10 calls at 1 ms
+    assert window.session.profile.name == "detected" and not window.session.dirty

@@ -207,6 +207,9 @@ class MainWindow(QMainWindow):
         self._unsubscribe = self.session.subscribe(self._session_signals.changed.emit)
         self.lanes.move_refused.connect(self._on_lanes_move_refused)
         self.lanes.drag_hint.connect(lambda text: self.statusBar().showMessage(text, 3000))
+        self.runtime_panels.inference_panel.run_finished.connect(
+            lambda _record: self.hardware.refresh_after_run()
+        )
         self.runtime_panels.inference_panel.memory_view.record_shown.connect(
             self.lanes.show_measured  # measured beside predicted in the lane tooltips
         )

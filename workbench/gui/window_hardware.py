@@ -19,6 +19,7 @@ from workbench.gui import settings as app_settings
 from workbench.gui.commands import SetBudgetsCommand, SetProfileCommand
 from workbench.gui.hardware_selector import HardwareSelector, available_profiles
 from workbench.gui.workers import TaskThread
+from workbench.models.hardware import DETECTED_NAME, with_host_probes
 from workbench.models.speed import predict_speed
 from workbench.runtime.formatting import format_forward, format_rate, format_ttft
 from workbench.runtime.model_kind import generates_tokens
@@ -138,7 +139,7 @@ class WindowHardware(QObject):
             wait: block until the prediction is shown (scripts and benchmarks).
         """
         self.speed_timer.stop()
-        tree, profile = planned_tree(self.session), self.profile
+        tree, profile = planned_tree(self.session), self._with_measured_host(self.profile)
         if tree is None or profile is None or not self.session.device_map:
             self.speed_prediction = None
             self.speed_label.setText("Predicted: —")
@@ -152,7 +153,9 @@ class WindowHardware(QObject):
         device_map = dict(self.session.device_map)
         # each quantized Linear is read by its precision's kernel (the profile's kernel costs)
         precisions = dict(self.session.precision_map or {})
-        thread = TaskThread(partial(predict_speed, precisions=precisions), tree, device_map, profile)
+        thread = TaskThread(
+            partial(predict_speed, precisions=precisions), tree, device_map, profile
+        )
         thread.setObjectName("predict speed")
         thread.succeeded.connect(self._on_speed_thread_succeeded)
         thread.failed.connect(self._on_speed_thread_failed)
@@ -161,6 +164,20 @@ class WindowHardware(QObject):
         if wait:
             thread.wait()
             QCoreApplication.sendPostedEvents()  # deliver the queued result now
+
+    def refresh_after_run(self) -> None:
+        """After a run: the worker measures this machine's host probes the first time (after
+        the run's timing), so predict again for the detected profile with them."""
+        if self._with_measured_host(self.profile) is not self.profile:
+            self.speed_timer.start()
+
+    @staticmethod
+    def _with_measured_host(profile: Any) -> Any:
+        """The detected profile with the host probes cached since it was detected (two small
+        cache reads); any other profile as it is."""
+        if getattr(profile, "name", "") != DETECTED_NAME or profile.dispatch_measured:
+            return profile
+        return with_host_probes(profile, measure=False)  # the same object when none is cached
 
     def _on_speed_thread_succeeded(self, prediction: Any) -> None:
         self.speed_prediction = prediction
