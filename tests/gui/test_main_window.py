@@ -242,4 +242,5 @@ def test_the_detected_prediction_takes_the_host_probes_a_run_measured(
     qtbot.waitUntil(lambda: window.speed_prediction.per_layer[1].dispatch_s > 1e-3, timeout=5000)
     blocks = [layer for layer in window.speed_prediction.per_layer if ".layers." in layer.name]
     assert blocks[0].dispatch_s == pytest.approx(10 * 1e-3)  # its 10 calls at 1 ms
+    assert window.hardware_profile().dispatch_measured  # what the planner and lanes use too
     assert window.session.profile.name == "detected" and not window.session.dirty

@@ -62,14 +62,14 @@ def test_a_failed_measurement_leaves_the_typical_values(tmp_path: Path) -> None:
 
 def test_the_detected_profile_carries_the_measured_dispatch(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
-    unmeasured = detect_hardware(measure_links=False, measure_dispatch=False)
+    unmeasured = detect_hardware(measure_links=False, measure_host_probes=False)
     assert not unmeasured.dispatch_measured
     assert (unmeasured.module_call_us, unmeasured.forward_call_us) == (
         DEFAULT_MODULE_CALL_US,
         DEFAULT_FORWARD_CALL_US,
     )
     cached_dispatch_overhead(lambda: PROBE)
-    profile = detect_hardware(measure_links=False, measure_dispatch=False)
+    profile = detect_hardware(measure_links=False, measure_host_probes=False)
     assert profile.dispatch_measured
     assert profile.module_call_us == pytest.approx(25.0)
     assert profile.forward_call_us == pytest.approx(400.0)

@@ -55,7 +55,7 @@ def test_the_curve_is_cached_per_machine(tmp_path: Path, monkeypatch) -> None:
     assert cached_matmul_curve(measure_if_missing=False) is None
     assert cached_matmul_curve(measure) == cached_matmul_curve(measure) == CURVE
     assert len(calls) == 1
-    profile = detect_hardware(measure_links=False, measure_dispatch=False)
+    profile = detect_hardware(measure_links=False, measure_host_probes=False)
     assert profile.cpu_matmul_curve == CURVE
     assert "CPU matmuls timed by weight size" in profile.description
 

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     elif max_memory:
         budgets = dict(max_memory)
     else:
-        profile = detect_hardware(measure_dispatch=True)  # the host probes, once per machine
+        profile = detect_hardware(measure_host_probes=True)  # the host probes, once per machine
         budgets = profile.budgets()
     memory, asked = _memory_options(args)
     opened = open_with_progress(args.source, dtype=args.dtype, quiet=args.json)

@@ -93,6 +93,13 @@ class HardwareSelector(QComboBox):
             self._profiles.append(profile)
         self.set_profiles(self._profiles, profile.name)
 
+    def update_profile(self, profile: Any) -> None:
+        """Swap the listed profile of ``profile``'s name for ``profile`` (the same hardware,
+        newly measured figures); nothing is selected or emitted."""
+        names = [p.name for p in self._profiles]
+        if profile.name in names:
+            self._profiles[names.index(profile.name)] = profile
+
     def profile(self, name: str) -> Any | None:
         """Return the profile called ``name`` or ``None``."""
         return next((p for p in self._profiles if p.name == name), None)

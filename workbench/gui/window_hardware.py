@@ -139,7 +139,7 @@ class WindowHardware(QObject):
             wait: block until the prediction is shown (scripts and benchmarks).
         """
         self.speed_timer.stop()
-        tree, profile = planned_tree(self.session), self._with_measured_host(self.profile)
+        tree, profile = planned_tree(self.session), self.profile
         if tree is None or profile is None or not self.session.device_map:
             self.speed_prediction = None
             self.speed_label.setText("Predicted: —")
@@ -167,17 +167,16 @@ class WindowHardware(QObject):
 
     def refresh_after_run(self) -> None:
         """After a run: the worker measures this machine's host probes the first time (after
-        the run's timing), so predict again for the detected profile with them."""
-        if self._with_measured_host(self.profile) is not self.profile:
-            self.speed_timer.start()
-
-    @staticmethod
-    def _with_measured_host(profile: Any) -> Any:
-        """The detected profile with the host probes cached since it was detected (two small
-        cache reads); any other profile as it is."""
+        the run's timing), so the detected profile takes them from their caches (two small
+        reads, until they are there) and the speed is predicted again; no undo step."""
+        profile = self.profile
         if getattr(profile, "name", "") != DETECTED_NAME or profile.dispatch_measured:
-            return profile
-        return with_host_probes(profile, measure=False)  # the same object when none is cached
+            return
+        measured = with_host_probes(profile, measure=False)  # the same object when uncached
+        if measured is not profile:
+            self.profile = measured
+            self.hardware_selector.update_profile(measured)
+            self.speed_timer.start()
 
     def _on_speed_thread_succeeded(self, prediction: Any) -> None:
         self.speed_prediction = prediction

@@ -172,7 +172,7 @@ def detect_hardware(
     *,
     measure_links: bool = True,
     measure_kernels: bool = False,
-    measure_dispatch: bool = False,
+    measure_host_probes: bool = False,
 ) -> HardwareProfile:
     """Describe this machine: each CUDA device (total, held by the driver and other processes,
     free), CPU RAM, and the free disk where ``offload_folder`` (default:
@@ -186,7 +186,7 @@ def detect_hardware(
     needs torchao); without one they are the documented and typical values. The host's
     dispatch cost per module call and per forward comes from the cached dispatch probe
     (``dispatch_probe.cached_dispatch_overhead``), measured when missing with
-    ``measure_dispatch``, and so does the CPU's matmul curve (``matmul_probe``: seconds by
+    ``measure_host_probes``, and so does the CPU's matmul curve (``matmul_probe``: seconds by
     weight size); both run in fresh processes, about 6 s once per machine
     (``with_host_probes``).
     """
@@ -252,7 +252,7 @@ def detect_hardware(
             + ", ".join(f"{k} {v:.2g}x" for k, v in kernels.efficiency.items() if k != "plain")
             + " of its bandwidth)"
         )
-    profile = with_host_probes(profile, measure=measure_dispatch)
+    profile = with_host_probes(profile, measure=measure_host_probes)
     if profile.cpu_matmul_curve is not None:
         measured += "; CPU matmuls timed by weight size"
     if profile.dispatch_measured:

@@ -246,12 +246,15 @@ def predict_speed(
     module_call_s = profile.module_call_us * 1e-6
     forward_call_s = profile.forward_call_us * 1e-6
     kinds: dict[str, str] = {}
+    # every layer of a map without a GPU runs on the CPU: its Linear weights read on the curve
+    curve = profile.cpu_matmul_curve if main_device == "cpu" else None
 
     layers: list[LayerPrediction] = []
     uncovered: list[str] = []
     for unit in _iter_layers(tree.root):
         bytes_by_tier: dict[int | str, int] = {}
         bytes_by_kind: dict[str, int] = {}
+        curve_s, curve_bytes = 0.0, 0  # plain Linear weights read in the curve's time
         for tensor_name in _unit_tensors(unit):
             nbytes = tree.tensor_nbytes.get(tensor_name)
             if nbytes is None:  # a tied alias: counted under its first name
@@ -262,6 +265,9 @@ def predict_speed(
                 continue
             bytes_by_tier[tier] = bytes_by_tier.get(tier, 0) + nbytes
             kind = _tensor_kind(tree, tensor_name, precisions, kinds)
+            seconds = _curve_seconds(tree, tensor_name, nbytes, curve) if kind == "plain" else None
+            if seconds is not None:
+                curve_s, curve_bytes = curve_s + seconds, curve_bytes + nbytes
             bytes_by_kind[kind] = bytes_by_kind.get(kind, 0) + nbytes
         if not bytes_by_tier:
             continue
@@ -279,14 +285,11 @@ def predict_speed(
         spec = profile.device(execution)
         flops_per_s = max(spec.compute_tflops, 1e-3) * 1e12 * mfu
         memory_bw = max(spec.memory_bandwidth_gbps, 1e-3) * GB * mbu
-        weight_read_s = sum(
-            kind_bytes / (memory_bw * costs.efficiency(execution, kind))
+        weight_read_s = curve_s + sum(
+            (kind_bytes - (curve_bytes if kind == "plain" else 0))
+            / (memory_bw * costs.efficiency(execution, kind))
             for kind, kind_bytes in bytes_by_kind.items()
         )
-        if execution == "cpu" and profile.cpu_matmul_curve is not None:
-            weight_read_s += _curve_correction(
-                tree, unit, profile.cpu_matmul_curve, memory_bw, precisions, kinds
-            )
         flops = 2.0 * _param_count(unit, tree) * batch_size
         dispatch_s = _module_calls(unit) * module_call_s
         decode_compute_s = _with_dispatch(
@@ -362,29 +365,17 @@ def _tensor_kind(
     return kind
 
 
-def _curve_correction(
-    tree: ModuleTree,
-    unit: ModuleNode,
-    curve: MatmulCurve,
-    memory_bw: float,
-    precisions: Mapping[str, str] | None,
-    kinds: dict[str, str],
-) -> float:
-    """Seconds to add to a CPU layer's bandwidth read so that each plain Linear weight takes
-    the CPU matmul curve's time for its bytes (``matmul_probe``) instead of its bytes at the
-    memory bandwidth (the curve's time less that read)."""
-    extra = 0.0
-    for tensor_name in _unit_tensors(unit):
-        nbytes = tree.tensor_nbytes.get(tensor_name)
-        module, _, attr = tensor_name.rpartition(".")
-        if nbytes is None or attr != "weight" or not _is_linear(tree, module):
-            continue
-        if _tensor_kind(tree, tensor_name, precisions, kinds) != "plain":
-            continue
-        seconds = curve.seconds(nbytes, _dtype_name(tree, module))
-        if seconds is not None:
-            extra += seconds - nbytes / memory_bw
-    return extra
+def _curve_seconds(
+    tree: ModuleTree, tensor: str, nbytes: int, curve: MatmulCurve | None
+) -> float | None:
+    """The CPU matmul curve's seconds for ``tensor`` when it is a Linear weight (``None``:
+    no curve, another tensor, or a dtype the curve has no points for)."""
+    if curve is None:
+        return None
+    module, _, attr = tensor.rpartition(".")
+    if attr != "weight" or not _is_linear(tree, module):
+        return None
+    return curve.seconds(nbytes, _dtype_name(tree, module))
 
 
 def _is_linear(tree: ModuleTree, module: str) -> bool:
