@@ -28,7 +28,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 _CASE = """
 import json, sys, torch
-from workbench.runtime.memory_readings import read_anonymous_bytes, release_free_heap
+from workbench.runtime.c_heap import release_free_heap
+from workbench.runtime.memory_readings import read_anonymous_bytes
 out_f, in_f, tokens, dtype = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 weight = torch.randn(out_f, in_f, dtype=getattr(torch, dtype))
 x = torch.randn(1, tokens, in_f, dtype=weight.dtype)

@@ -17,12 +17,13 @@ empty model, tokenizer), measured apart and in no total.
 
 Target: the CPU total within 5% on every row. Exit status 1 when a row misses it.
 
-With a long prompt (``--prompt-repeat 22``: about 400 tokens of the demos' tokenizer) glibc's
+With a long prompt (``--prompt-repeat 22``: about 290 tokens of the demos' tokenizer) glibc's
 heap holds freed activations: after a large block is freed, glibc raises its mmap threshold to
 that size (dynamic threshold, up to 32 MiB), so later blocks up to it come from the heap and
-stay resident when freed. That is 2-45 MiB above the live tensors here. Run with
-``MALLOC_MMAP_THRESHOLD_=131072`` (a fixed threshold: every block above 128 KiB goes back to
-the system when it is freed) to compare the memory model with the tensors alone.
+stay resident when freed: 2-45 MiB above the live tensors here, which each run's record states
+in a note (``runtime.c_heap``). ``WORKBENCH_MMAP_THRESHOLD=131072`` fixes the worker's threshold
+(every block above 128 KiB goes back to the system when it is freed) to compare the memory model
+with the tensors alone; it costs decode speed (``benchmarks/bench_heap_threshold.py``).
 
     python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
         [--prompt-repeat 22]

@@ -17,9 +17,12 @@ from PySide6.QtGui import QTextCursor
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.inference_panel import InferencePanel
 from workbench.runtime.protocol import (
+    PROBING_HOST,
+    PROBING_WORKSPACE,
     Failed,
     InferenceResult,
     LayerTiming,
+    Phase,
     Result,
     Sampling,
     TokenStreamed,
@@ -134,6 +137,26 @@ def test_run_streams_tokens_then_shows_figures_and_layers(qtbot, panel) -> None:
     )
     assert panel.layer_table.item(1, 5).text() == "3.00"
     assert panel.run_button.isEnabled()
+
+
+def test_the_status_says_what_the_worker_measures_after_the_tokens(qtbot, panel) -> None:
+    host = panel.bridge.host
+    rid = panel.run()
+    assert panel.status_label.text() == "infer running…"
+    with qtbot.waitSignal(panel.bridge.phase, timeout=5000):
+        host.play(Phase(rid, PROBING_HOST))
+    assert panel.status_label.text().startswith("measuring this machine's dispatch and matmul")
+    with qtbot.waitSignal(panel.bridge.phase, timeout=5000):
+        host.play(Phase(rid, PROBING_WORKSPACE))
+    assert "matmul libraries keep at this prompt length" in panel.status_label.text()
+    seen: list[Phase] = []
+    panel.bridge.phase.connect(seen.append)  # after the panel's slot: it has run for each
+    host.play(Phase(rid + 7, PROBING_HOST), Phase(rid, "generating"))  # another job; a phase
+    qtbot.waitUntil(lambda: len(seen) == 2, timeout=5000)
+    assert "matmul libraries keep" in panel.status_label.text()  # neither is shown
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        host.play(_result(rid))
+    assert panel.status_label.text() == "infer done"
 
 
 def test_verify_shows_a_clear_pass_or_fail(qtbot, panel) -> None:

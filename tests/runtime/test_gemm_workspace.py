@@ -100,9 +100,18 @@ def test_the_probe_runs_the_calls_in_a_fresh_process_and_caches_the_figure(
         seen.append((tuple(c), tuple(w)))
         return 4096
 
-    assert cpu_gemm_workspace_bytes(calls, cache_path=cache, measure=measure) == 4096
-    assert cpu_gemm_workspace_bytes(calls, cache_path=cache, measure=measure) == 4096
+    announced: list[int] = []
+
+    def announce() -> None:
+        announced.append(len(seen))
+
+    for _ in range(2):
+        nbytes = cpu_gemm_workspace_bytes(
+            calls, cache_path=cache, measure=measure, before_measuring=announce
+        )
+        assert nbytes == 4096
     assert len(seen) == 1  # the second answer came from the cache file
+    assert announced == [0]  # announced once, before the measurement, not for the cached one
     entries = json.loads(cache.read_text())["entries"]
     assert [entry["bytes"] for entry in entries.values()] == [4096]
     # calls already run in the process are replayed first, uncounted: another entry

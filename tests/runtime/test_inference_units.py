@@ -12,7 +12,7 @@ from workbench.models import open_model
 from workbench.models.hardware import detect_hardware, list_profiles, with_host_probes
 from workbench.models.speed import predict_speed
 from workbench.runtime.inference import predict_figures, timed_module_names
-from workbench.runtime.protocol import InferenceResult, Result
+from workbench.runtime.protocol import PROBING_HOST, PROBING_WORKSPACE, InferenceResult, Result
 from workbench.runtime.worker import WorkerHost
 
 
@@ -62,6 +62,25 @@ def test_this_machine_is_predicted_with_its_measured_host_costs(opened: Any) -> 
 
 
 @pytest.mark.slow
+def test_the_first_prediction_on_a_machine_announces_its_host_probes(
+    opened: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))  # a machine never measured
+    loaded = SimpleNamespace(opened=opened, model=opened.model, device_map={"": "cpu"})
+    phases: list[str] = []
+    first = predict_figures(loaded, None, 9, announce=phases.append)
+    assert phases == [PROBING_HOST]  # before the seconds of measuring, in fresh processes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "cpu-matmul-curve.json",
+        "dispatch-overhead.json",
+    ]
+    assert predict_figures(loaded, None, 9, announce=phases.append) == first  # from the caches
+    assert phases == [PROBING_HOST]
+    assert predict_figures(loaded, "cpu-laptop-16gb", 9, announce=phases.append)
+    assert phases == [PROBING_HOST]  # a bundled profile is not this machine: nothing measured
+
+
+@pytest.mark.slow
 def test_the_worker_reports_every_unit_on_a_whole_model_cpu_map(
     host: WorkerHost, events: Any, demo_dir: Path, opened: Any, laptop: Any
 ) -> None:
@@ -76,3 +95,31 @@ def test_the_worker_reports_every_unit_on_a_whole_model_cpu_map(
     expected = predict_speed(opened, {"": "cpu"}, laptop, prompt_tokens=value.prompt_tokens)
     assert value.predicted["ttft_s"] == pytest.approx(expected.ttft_s)
     assert value.predicted["prompt_tokens"] == value.prompt_tokens
+
+
+@pytest.mark.slow
+def test_the_worker_announces_a_matmul_workspace_probe_before_the_result(
+    events: Any, demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, laptop: Any
+) -> None:
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))  # the worker inherits it
+    host = WorkerHost(events, offload_root=tmp_path / "offload")
+    try:
+        assert isinstance(events.final(host.load(demo_dir, {"": "cpu"})), Result)
+        runs = [host.infer("The planner", max_new_tokens=2, profile=laptop.to_dict())]
+        assert isinstance(events.final(runs[0]), Result)
+        runs.append(host.infer("The planner", max_new_tokens=2, profile=laptop.to_dict()))
+        assert isinstance(events.final(runs[1]), Result)
+    finally:
+        host.shutdown()
+
+    def phases(rid: int) -> list[str]:
+        return [
+            e.type_name if e.type_name != "Phase" else e.phase
+            for e in events.events
+            if getattr(e, "request_id", None) == rid and e.type_name in ("Phase", "Result")
+        ]
+
+    # the first run's shapes were never probed on this "machine": announced after the tokens,
+    # before the result; the same run again reads the cache; a bundled profile probes no host
+    assert phases(runs[0]) == ["generating", PROBING_WORKSPACE, "Result"]
+    assert phases(runs[1]) == ["generating", "Result"]

@@ -64,10 +64,13 @@ from workbench.gui.run_history import RunHistoryWidget
 from workbench.gui.sampling_controls import SamplingControls
 from workbench.runtime.formatting import format_rate, format_seconds
 from workbench.runtime.protocol import (
+    PROBING_HOST,
+    PROBING_WORKSPACE,
     Failed,
     InferenceResult,
     LayerTiming,
     LoadSummary,
+    Phase,
     Result,
     TokenStreamed,
     VerifyResult,
@@ -85,6 +88,12 @@ MODE_LABELS = {CHAT: "Chat", RAW: "Raw prompt"}
 RAW_DEFAULT_PROMPT = "The quick brown fox"
 CHAT_DEFAULT_MESSAGE = "What is the capital of France?"
 VERIFY_GREEDY_TOKENS = 16  # verify also compares this many greedy tokens, one by one
+_PROBING_TEXT = {  # what the worker measures after a run's timed part, once, before its result
+    PROBING_HOST: "measuring this machine's dispatch and matmul speed for the prediction "
+    "(once per machine, a few seconds)…",
+    PROBING_WORKSPACE: "measuring the memory the CPU's matmul libraries keep at this prompt "
+    "length (once per length, about a second)…",
+}
 
 
 class InferencePanel(QWidget):
@@ -195,6 +204,7 @@ class InferencePanel(QWidget):
         self.verify_button.clicked.connect(self.verify)
         self.stop_button.clicked.connect(self.stop)
         bridge.token.connect(self._on_bridge_token)
+        bridge.phase.connect(self._on_bridge_phase)
         bridge.result.connect(self._on_bridge_result)
         bridge.failed.connect(self._on_bridge_failed)
         self._on_mode_combo_changed()
@@ -521,6 +531,11 @@ class InferencePanel(QWidget):
         self.tokens_label.setText(str(event.index + 1))
         if event.index == 0:
             self.ttft_label.setText(format_seconds(event.elapsed_s))
+
+    def _on_bridge_phase(self, event: Phase) -> None:
+        text = _PROBING_TEXT.get(event.phase)
+        if text and event.request_id == self.request_id and not self._stale:
+            self._show_status(text)
 
     def _on_bridge_result(self, event: Result) -> None:
         if isinstance(event.value, LoadSummary):

@@ -281,6 +281,11 @@ def with_host_probes(profile: HardwareProfile, *, measure: bool = True) -> Hardw
     return profile
 
 
+def host_probes_applied(profile: HardwareProfile) -> bool:
+    """Whether ``profile`` carries both host probes (``with_host_probes`` has nothing to add)."""
+    return profile.cpu_matmul_curve is not None and profile.dispatch_measured
+
+
 def with_dispatch_overhead(profile: HardwareProfile, probe: DispatchOverhead) -> HardwareProfile:
     """``profile`` with this machine's measured host dispatch costs (``dispatch_probe``)."""
     return replace(

@@ -151,10 +151,8 @@ def _probe_shape(call: GemmCall) -> tuple[int, int]:
 def _run_calls(calls: Iterable[dict[str, Any]], measure: bool) -> int:
     """Run each call once; the anonymous bytes they left resident (after a heap trim), the
     tensors' own bytes left out."""
-    from workbench.runtime.memory_readings import (  # noqa: PLC0415
-        read_anonymous_bytes,
-        release_free_heap,
-    )
+    from workbench.runtime.c_heap import release_free_heap  # noqa: PLC0415
+    from workbench.runtime.memory_readings import read_anonymous_bytes  # noqa: PLC0415
 
     left = 0
     for raw in calls:
@@ -227,11 +225,12 @@ def gemm_workspace_cache_path() -> Path:
 
 def _cache_key(calls: Sequence[GemmCall], warm: Sequence[GemmCall]) -> str:
     """The CPU, threads and kernel libraries (``cpu_kernel_cache_key``), the CPU capability
-    torch dispatches to, the BLAS/OpenMP settings of the environment, and the calls."""
+    torch dispatches to, the BLAS/OpenMP and malloc settings of the environment (the worker's
+    fixed mmap threshold, ``c_heap``, is one), and the calls."""
     settings = sorted(
         (name, value)
         for name, value in os.environ.items()
-        if name.startswith(("MKL_", "OMP_", "KMP_"))
+        if name.startswith(("MKL_", "OMP_", "KMP_", "MALLOC_"))
     )
     identity = {
         "machine": cpu_kernel_cache_key(),
@@ -249,10 +248,12 @@ def cpu_gemm_workspace_bytes(
     warm: Sequence[GemmCall] = (),
     cache_path: Path | None = None,
     measure: Callable[[Sequence[GemmCall], Sequence[GemmCall]], int] | None = None,
+    before_measuring: Callable[[], None] | None = None,
 ) -> int | None:
     """What ``calls`` leave resident on this CPU after ``warm``: cached, else measured with
-    ``measure(calls, warm)`` (default ``probe_gemm_workspace``) and cached. ``0`` for no
-    calls; ``None`` when the probe fails (logged: the run's record says it was not probed).
+    ``measure(calls, warm)`` (default ``probe_gemm_workspace``; ``before_measuring()`` is
+    called first) and cached. ``0`` for no calls; ``None`` when the probe fails (logged: the
+    run's record says it was not probed).
 
     A malformed cache file or entry is measured again, never fatal.
     """
@@ -264,6 +265,8 @@ def cpu_gemm_workspace_bytes(
     cached = entries.get(key)
     if isinstance(cached, dict) and isinstance(cached.get("bytes"), int) and cached["bytes"] >= 0:
         return int(cached["bytes"])
+    if before_measuring is not None:
+        before_measuring()
     try:
         nbytes = (measure or (lambda c, w: probe_gemm_workspace(c, warm=w)))(calls, warm)
     except RuntimeError as exc:

@@ -28,6 +28,7 @@ from workbench.big_modeling.transfers import TransferEvent, recording_transfers
 from workbench.models.hardware import (
     DETECTED_NAME,
     detect_hardware,
+    host_probes_applied,
     load_profile,
     profile_from_dict,
     with_host_probes,
@@ -42,7 +43,14 @@ from workbench.runtime.model_inputs import (
     prepare_inputs,
 )
 from workbench.runtime.precision_session import quantized_tree
-from workbench.runtime.protocol import Event, Infer, InferenceResult, Phase, TokenStreamed
+from workbench.runtime.protocol import (
+    PROBING_HOST,
+    Event,
+    Infer,
+    InferenceResult,
+    Phase,
+    TokenStreamed,
+)
 from workbench.runtime.sampling import TokenPicker, sampling_dict
 from workbench.runtime.telemetry import TransferRecorder, summarize_layers
 
@@ -292,7 +300,9 @@ def run_inference(
         tokens_per_s = 1.0 / max(ttft_s, 1e-9)
     else:  # one forward: prompt tokens per second, or forwards per second for non-text input
         tokens_per_s = max(prompt_tokens, 1) / max(ttft_s, 1e-9)
-    predicted = predict_figures(loaded, request.profile, prompt_tokens)
+    predicted = predict_figures(
+        loaded, request.profile, prompt_tokens, announce=lambda phase: emit(Phase(rid, phase))
+    )
     return InferenceResult(
         text=text,
         prompt_tokens=prompt_tokens,
@@ -329,7 +339,10 @@ def next_piece(decoded: str, streamed: str) -> tuple[str, str]:
 
 
 def predict_figures(
-    loaded: Any, profile: str | Mapping[str, Any] | None, prompt_tokens: int
+    loaded: Any,
+    profile: str | Mapping[str, Any] | None,
+    prompt_tokens: int,
+    announce: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
     """The speed model's tokens/s and TTFT for this plan, and ``"forward_s"``: one forward over
     the prompt, the figure a run that generates nothing compares with ({} when it cannot predict).
@@ -338,6 +351,8 @@ def predict_figures(
         loaded: the loaded model (``opened`` and ``device_map``).
         profile: a profile name, a profile's ``to_dict()`` data, or ``None`` (detected).
         prompt_tokens: the prompt length the TTFT is for; returned as ``"prompt_tokens"``.
+        announce: called with ``PROBING_HOST`` before the host probes are measured (the
+            detected profile, the first time on a machine).
     """
     try:
         if isinstance(profile, Mapping):
@@ -345,7 +360,11 @@ def predict_figures(
         else:
             hardware = load_profile(profile) if profile else detect_hardware()
         if hardware.name == DETECTED_NAME:  # measured once per machine, after the timed run
-            hardware = with_host_probes(hardware)
+            hardware = with_host_probes(hardware, measure=False)
+            if not host_probes_applied(hardware):
+                if announce is not None:
+                    announce(PROBING_HOST)
+                hardware = with_host_probes(hardware)
         precisions = getattr(loaded, "extras", {}).get("precision_map") or {}
         sized = quantized_tree(loaded.opened, precisions) if precisions else loaded.opened
         prediction = predict_speed(

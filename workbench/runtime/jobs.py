@@ -40,6 +40,7 @@ from workbench.big_modeling.progress import CancelToken, LoadProgress
 from workbench.runtime.model_kind import is_causal_lm
 from workbench.runtime.progress_throttle import ProgressThrottle
 from workbench.runtime.protocol import (
+    PROBING_WORKSPACE,
     Event,
     Failed,
     Infer,
@@ -205,7 +206,12 @@ class JobRunner:
 
                     probe.begin("infer")
                     value: Any = run_inference(self.loaded, request, token, emit)
-                    value = _with_run_memory(self.loaded, value, probe)
+                    value = _with_run_memory(
+                        self.loaded,
+                        value,
+                        probe,
+                        lambda: emit(Phase(request.request_id, PROBING_WORKSPACE)),
+                    )
                 else:
                     from workbench.runtime.verify import run_verify  # noqa: PLC0415 (torch; the GUI imports jobs)
 
@@ -255,8 +261,11 @@ def _with_load_memory(loaded: LoadedModel, probe: Any) -> LoadSummary:
     return replace(loaded.summary, memory=record)
 
 
-def _with_run_memory(loaded: LoadedModel, value: Any, probe: Any) -> Any:
-    """``value`` (an ``InferenceResult``) with the run's predicted-vs-measured memory."""
+def _with_run_memory(
+    loaded: LoadedModel, value: Any, probe: Any, before_probing: Callable[[], None]
+) -> Any:
+    """``value`` (an ``InferenceResult``) with the run's predicted-vs-measured memory;
+    ``before_probing()`` announces a matmul workspace probe (seconds)."""
     try:
         params = (p for p in loaded.model.parameters() if p.is_floating_point())
         first = next(params, None)
@@ -269,6 +278,7 @@ def _with_run_memory(loaded: LoadedModel, value: Any, probe: Any) -> Any:
             new_tokens=int(value.new_tokens),
             dtype=first.dtype if first is not None else None,
             entry_sizes=_entry_sizes(loaded.opened),
+            before_probing=before_probing,
         )
     except Exception:
         probe.abandon()
@@ -334,7 +344,7 @@ def load_model(
     from workbench.big_modeling.devices import check_devices_available  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.big_modeling.dtypes import parse_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.models.gguf import is_gguf_path  # noqa: PLC0415 (torch; the GUI imports jobs)
-    from workbench.runtime.memory_readings import release_free_heap  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.runtime.c_heap import release_free_heap  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     check_devices_available(request.device_map)  # before the build: cuda:99, mps, meta named
     rid = request.request_id

@@ -10,9 +10,6 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import logging
 import threading
 from collections.abc import Iterable, Mapping
@@ -34,7 +31,6 @@ __all__ = [
     "file_mapped_bytes",
     "offloaded_file_bytes",
     "read_anonymous_bytes",
-    "release_free_heap",
     "resident_weight_bytes",
     "weight_ranges",
 ]
@@ -78,37 +74,6 @@ def read_anonymous_bytes(rollup_path: str = _SMAPS_ROLLUP) -> int | None:
     """
     exact = _kib_field(rollup_path, b"Anonymous:")
     return exact if exact is not None else _kib_field(_STATUS, b"RssAnon:")
-
-
-@functools.cache
-def _malloc_trim() -> object | None:
-    """glibc's ``malloc_trim``, or ``None`` (musl, macOS, Windows: nothing to call)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
-def release_free_heap() -> bool:
-    """Give the C heap's free pages back to the system (glibc ``malloc_trim(0)``).
-
-    A load frees what it converts as it goes (a dtype cast, a weight written to the offload
-    folder), but glibc keeps freed chunks below its dynamic mmap threshold in the heap, where
-    they stay resident: 0.5 to 3.5 MiB on a 2M-parameter demo, between runs of the same load.
-    Returns whether there was a ``malloc_trim`` to call; ``False`` elsewhere, a no-op.
-
-    Example:
-        >>> release_free_heap() in (True, False)
-        True
-    """
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
 
 
 class AnonPeakSampler:

@@ -27,6 +27,8 @@ non-persistent buffers such as rotary ``inv_freq`` are left out on both sides), 
 the KV cache and activation peak of the memory model at the run's real shape and the largest
 offloaded block on the device that runs it, and on the CPU the buffers its matmul libraries
 keep after the run's new matmul shapes (``gemm_workspace``, probed once per CPU and cached).
+Not predicted, and said in a note: the freed blocks the C heap kept for reuse at the end of a
+run (``c_heap.heap_free_bytes``), which a CPU peak after a long prompt can include.
 
 Example:
     >>> probe = MemoryProbe()  # doctest: +SKIP
@@ -38,7 +40,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -47,6 +49,7 @@ from torch import nn
 
 from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.big_modeling.planning.sizes import format_nbytes
+from workbench.runtime.c_heap import heap_free_bytes, release_free_heap
 from workbench.runtime.gemm_workspace import GemmCall, cpu_gemm_calls, cpu_gemm_workspace_bytes
 from workbench.runtime.memory_prediction import offload_staging_bytes, predict_run_reserve
 from workbench.runtime.memory_readings import (
@@ -55,7 +58,6 @@ from workbench.runtime.memory_readings import (
     file_mapped_bytes,
     offloaded_file_bytes,
     read_anonymous_bytes,
-    release_free_heap,
     weight_ranges,
 )
 from workbench.runtime.memory_record import DeviceMemory, MemoryReconciliation
@@ -64,6 +66,7 @@ from workbench.runtime.protocol import Event, Phase, Progress, TransferBatch
 __all__ = ["MemoryProbe"]
 
 logger = logging.getLogger(__name__)
+HEAP_NOTE_BYTES = 2**20  # freed heap bytes a run's record mentions
 
 
 class MemoryProbe:
@@ -76,6 +79,7 @@ class MemoryProbe:
         self._start_bytes: int | None = None  # anonymous RSS as the load began
         self._load_bytes: int | None = None  # anonymous RSS the load added, at its end
         self._run_start_bytes: int | None = None  # anonymous RSS as a run began
+        self._run_start_heap_free: int | None = None  # freed bytes the C heap held then
         self._job = ""
         self._read_bytes = 0
         self._sampler: AnonPeakSampler | None = None
@@ -93,6 +97,7 @@ class MemoryProbe:
             except RuntimeError:  # a device that cannot say: its peak covers more than the job
                 logger.debug("cannot reset the CUDA peak of device %d", index, exc_info=True)
         if job == "infer":
+            self._run_start_heap_free = heap_free_bytes()
             self._sampler = AnonPeakSampler()
             self._run_start_bytes = self._sampler.start_bytes  # the same counter as the peak
             self._sampler.start()
@@ -139,14 +144,27 @@ class MemoryProbe:
         new_tokens: int,
         dtype: torch.dtype,
         entry_sizes: Mapping[str, int] | None = None,
+        before_probing: Callable[[], None] | None = None,
     ) -> MemoryReconciliation:
         """The record after a run: peaks against the weights plus the run's predicted reserve
         (KV cache and activations, ``predict_run_reserve``, and on the main device the
-        largest offloaded block brought in for its forward, ``offload_staging_bytes``)."""
+        largest offloaded block brought in for its forward, ``offload_staging_bytes``).
+        ``before_probing()`` is called before a matmul workspace is probed (not cached)."""
         peak = self._sampler.stop() if self._sampler is not None else None
         anonymous = read_anonymous_bytes()  # before the prediction and the weights' walk
         self._sampler = None
         notes: list[str] = []
+        kept = heap_free_bytes()
+        if kept is not None and self._run_start_heap_free is not None:
+            kept -= self._run_start_heap_free
+        if kept is not None and kept >= HEAP_NOTE_BYTES:
+            notes.append(
+                f"cpu heap: the C allocator held {format_nbytes(kept)} more of freed blocks "
+                "for reuse at the end of the run than at its start; such blocks make a CPU "
+                "peak exceed the live "
+                "tensors the prediction counts (glibc's dynamic mmap threshold; "
+                "WORKBENCH_MMAP_THRESHOLD=131072 returns each at once, at a speed cost)"
+            )
         try:
             reserve = predict_run_reserve(
                 config,
@@ -160,7 +178,9 @@ class MemoryProbe:
             notes.append(f"no KV/activation prediction: {exc}")
         for device, nbytes in offload_staging_bytes(entry_sizes or {}, device_map).items():
             reserve[device] = reserve.get(device, 0) + nbytes
-        workspace = self._gemm_workspace(model, device_map, prompt_tokens, new_tokens, notes)
+        workspace = self._gemm_workspace(
+            model, device_map, prompt_tokens, new_tokens, notes, before_probing
+        )
         if workspace:
             reserve["cpu"] = reserve.get("cpu", 0) + workspace
         context = prompt_tokens + max(new_tokens - 1, 0)
@@ -181,6 +201,7 @@ class MemoryProbe:
         prompt_tokens: int,
         new_tokens: int,
         notes: list[str],
+        before_probing: Callable[[], None] | None,
     ) -> int:
         """The matmul libraries' buffers the run's new CPU matmuls leave resident
         (``gemm_workspace``: probed in a fresh process, after the calls this process already
@@ -191,7 +212,9 @@ class MemoryProbe:
         new = [call for call in calls if call not in self._gemm_done]
         if not new:
             return 0
-        nbytes = cpu_gemm_workspace_bytes(new, warm=self._gemm_done)
+        nbytes = cpu_gemm_workspace_bytes(
+            new, warm=self._gemm_done, before_measuring=before_probing
+        )
         self._gemm_done.extend(new)
         if nbytes is None:
             notes.append("cpu matmul workspace not probed (see the log); not in the prediction")

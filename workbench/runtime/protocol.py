@@ -271,10 +271,16 @@ class Progress(Event):
 
 @dataclass(frozen=True)
 class Phase(Event):
-    """A job entered a phase: opening, building, loading, dispatching, held, generating, ..."""
+    """A job entered a phase: opening, building, loading, dispatching, held, generating, ...
+    and, after a run's timed part, ``PROBING_HOST`` / ``PROBING_WORKSPACE`` while a
+    measurement that is cached afterwards runs (seconds, the first time only)."""
 
     request_id: int
     phase: str
+
+
+PROBING_HOST = "probing host"  # the host's dispatch costs and matmul curve, once per machine
+PROBING_WORKSPACE = "probing matmul workspace"  # once per CPU and set of matmul shapes
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from workbench.big_modeling.progress import CancelToken
+from workbench.runtime.c_heap import apply_heap_policy
 from workbench.runtime.import_noise import quiet_import_noise
 from workbench.runtime.jobs import JobRunner, import_load_observer
 from workbench.runtime.protocol import (
@@ -166,6 +167,7 @@ def worker_main(
     with the error.
     """
     start_s = time.perf_counter()
+    apply_heap_policy()  # a fixed mmap threshold if the user asked for one (c_heap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the host, which shuts us down
     send = _Sender(events)
     forwarder = _LogForwarder(send, max(logging.INFO, log_level or logging.WARNING))
