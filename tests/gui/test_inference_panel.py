@@ -145,15 +145,17 @@ def test_the_status_says_what_the_worker_measures_after_the_tokens(qtbot, panel)
     assert panel.status_label.text() == "infer running…"
     with qtbot.waitSignal(panel.bridge.phase, timeout=5000):
         host.play(Phase(rid, PROBING_HOST))
-    assert panel.status_label.text().startswith("measuring this machine's dispatch and matmul")
+    assert panel.status_label.text() == "measuring this machine…"
+    assert "once per machine" in panel.status_label.toolTip()
     with qtbot.waitSignal(panel.bridge.phase, timeout=5000):
         host.play(Phase(rid, PROBING_WORKSPACE))
-    assert "matmul libraries keep at this prompt length" in panel.status_label.text()
+    assert panel.status_label.text() == "measuring matmul memory…"
+    assert "once per prompt length" in panel.status_label.toolTip()
     seen: list[Phase] = []
     panel.bridge.phase.connect(seen.append)  # after the panel's slot: it has run for each
     host.play(Phase(rid + 7, PROBING_HOST), Phase(rid, "generating"))  # another job; a phase
     qtbot.waitUntil(lambda: len(seen) == 2, timeout=5000)
-    assert "matmul libraries keep" in panel.status_label.text()  # neither is shown
+    assert panel.status_label.text() == "measuring matmul memory…"  # neither is shown
     with qtbot.waitSignal(panel.run_finished, timeout=5000):
         host.play(_result(rid))
     assert panel.status_label.text() == "infer done"

@@ -89,10 +89,16 @@ RAW_DEFAULT_PROMPT = "The quick brown fox"
 CHAT_DEFAULT_MESSAGE = "What is the capital of France?"
 VERIFY_GREEDY_TOKENS = 16  # verify also compares this many greedy tokens, one by one
 _PROBING_TEXT = {  # what the worker measures after a run's timed part, once, before its result
-    PROBING_HOST: "measuring this machine's dispatch and matmul speed for the prediction "
-    "(once per machine, a few seconds)…",
-    PROBING_WORKSPACE: "measuring the memory the CPU's matmul libraries keep at this prompt "
-    "length (once per length, about a second)…",
+    PROBING_HOST: (
+        "measuring this machine…",
+        "Measuring this machine's cost per module call and its CPU matmul speed, for the "
+        "predicted figures: once per machine, a few seconds, in fresh processes.",
+    ),
+    PROBING_WORKSPACE: (
+        "measuring matmul memory…",
+        "Measuring the memory the CPU's matmul libraries keep after this run's matmul shapes, "
+        "for the memory record: once per prompt length, about a second, in a fresh process.",
+    ),
 }
 
 
@@ -533,9 +539,9 @@ class InferencePanel(QWidget):
             self.ttft_label.setText(format_seconds(event.elapsed_s))
 
     def _on_bridge_phase(self, event: Phase) -> None:
-        text = _PROBING_TEXT.get(event.phase)
-        if text and event.request_id == self.request_id and not self._stale:
-            self._show_status(text)
+        probing = _PROBING_TEXT.get(event.phase)
+        if probing and event.request_id == self.request_id and not self._stale:
+            self._show_status(*probing)
 
     def _on_bridge_result(self, event: Result) -> None:
         if isinstance(event.value, LoadSummary):
