@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workbench.commands.cluster_plan",
     "workbench.commands.make_demo",
     "workbench.commands.profiles",
+    "workbench.commands.measure",
     "workbench.commands.run",
     "workbench.commands.desktop",
 )

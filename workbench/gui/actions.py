@@ -155,9 +155,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
         enabled_when=needs_model,
         icon_only=True,
     ),
-    ActionSpec(
-        "export_wrapped", "Export map with model &fingerprint…", enabled_when=needs_model
-    ),
+    ActionSpec("export_wrapped", "Export map with model &fingerprint…", enabled_when=needs_model),
     ActionSpec(
         "copy_code",
         "Copy as &code",
@@ -167,9 +165,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
         enabled_when=needs_model,
         icon_only=True,
     ),
-    ActionSpec(
-        "save_session", "&Save session as…", (QKeySequence.StandardKey.Save,), icon="save"
-    ),
+    ActionSpec("save_session", "&Save session as…", (QKeySequence.StandardKey.Save,), icon="save"),
     # Ctrl+Q spelled out: the offscreen and some X11 themes bind no StandardKey.Quit
     ActionSpec("quit", "&Quit", ("Ctrl+Q",)),
     # undo and redo come from the undo stack; their tooltips name the command
@@ -206,6 +202,13 @@ ACTIONS: tuple[ActionSpec, ...] = (
         "or does not fit, with predicted tok/s and TTFT; double-click one to use it",
         enabled_when=needs_model,
         object_name="fitTableAction",
+    ),
+    ActionSpec(
+        "measure_machine",
+        "&Measure this machine again…",
+        tip="Take this machine's dispatch, CPU matmul and kernel measurements again (they are "
+        "measured once and cached; the detected profile's predictions use them)",
+        object_name="measureMachineAction",
     ),
     ActionSpec(
         "diff_file",
@@ -265,6 +268,7 @@ MENUS: tuple[MenuSpec, ...] = (
             "plan",
             "compare",
             "fit_table",
+            "measure_machine",
             "diff_file",
             "diff_history",
             "cluster_plan",

@@ -58,6 +58,7 @@ from workbench.gui.fit_dialog import show_fit_table
 from workbench.gui.hardware_selector import BudgetEditor, HardwareSelector
 from workbench.gui.lanes import LanesWidget
 from workbench.gui.log_view import LogView
+from workbench.gui.measure_machine import measure_machine_again
 from workbench.gui.planner_panel import PlannerPanel
 from workbench.gui.runtime_panels import RuntimePanels
 from workbench.gui.tree_model import ModuleTreeModel
@@ -299,6 +300,7 @@ class MainWindow(QMainWindow):
             "diff_history": lambda: show_diff_against_history(self),
             "cluster_plan": lambda: show_cluster_plan(self),
             "fit_table": lambda: show_fit_table(self),
+            "measure_machine": lambda: measure_machine_again(self),
         }
         for number in range(1, MAX_LANE_SHORTCUTS + 1):
             handlers[f"lane_{number}"] = lambda n=number: self._move_to_lane(n)

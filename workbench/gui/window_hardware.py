@@ -19,7 +19,7 @@ from workbench.gui import settings as app_settings
 from workbench.gui.commands import SetBudgetsCommand, SetProfileCommand
 from workbench.gui.hardware_selector import HardwareSelector, available_profiles
 from workbench.gui.workers import TaskThread
-from workbench.models.hardware import DETECTED_NAME, with_host_probes
+from workbench.models.hardware import DETECTED_NAME, with_host_measurements, with_host_probes
 from workbench.models.speed import predict_speed
 from workbench.runtime.formatting import format_forward, format_rate, format_ttft
 from workbench.runtime.model_kind import generates_tokens
@@ -176,6 +176,16 @@ class WindowHardware(QObject):
         if measured is not profile:
             self.profile = measured
             self.hardware_selector.update_profile(measured)
+            self.speed_timer.start()
+
+    def take_host_measurements(self, measured: Any) -> None:
+        """This machine measured again (Tools > Measure this machine again): the detected
+        profile, listed and active, takes the new figures and the speed is predicted again."""
+        listed = self.hardware_selector.profile(DETECTED_NAME)
+        if listed is not None:
+            self.hardware_selector.update_profile(with_host_measurements(listed, measured))
+        if getattr(self.profile, "name", "") == DETECTED_NAME:
+            self.profile = with_host_measurements(self.profile, measured)
             self.speed_timer.start()
 
     def _on_speed_thread_succeeded(self, prediction: Any) -> None:

@@ -102,3 +102,17 @@ def cached_probe(
     except OSError as exc:
         logger.warning("%s cache %s not written: %s", what, path, exc)
     return probe
+
+
+def forget_probe(path: Path, field: str, key: str) -> bool:
+    """Remove ``key`` from the ``field`` table of the measurement cache ``path`` (the next
+    ``cached_probe`` measures again); whether there was an entry to remove.
+
+    Raises:
+        OSError: the file could not be rewritten.
+    """
+    entries = read_measurement_cache(path, field)
+    if entries.pop(key, None) is None:
+        return False
+    write_measurement_cache(path, field, entries)
+    return True

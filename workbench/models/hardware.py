@@ -281,6 +281,18 @@ def with_host_probes(profile: HardwareProfile, *, measure: bool = True) -> Hardw
     return profile
 
 
+def with_host_measurements(profile: HardwareProfile, measured: Any) -> HardwareProfile:
+    """``profile`` (this machine's) with freshly measured host probes (a
+    ``host_measurements.HostMeasurements``; a probe that failed leaves the profile's figure)."""
+    if measured.matmul_curve is not None:
+        profile = replace(profile, cpu_matmul_curve=measured.matmul_curve)
+    if measured.dispatch is not None:
+        profile = with_dispatch_overhead(profile, measured.dispatch)
+    if measured.cpu_kernels is not None:
+        profile = with_cpu_kernels(profile, measured.cpu_kernels)
+    return profile
+
+
 def host_probes_applied(profile: HardwareProfile) -> bool:
     """Whether ``profile`` carries both host probes (``with_host_probes`` has nothing to add)."""
     return profile.cpu_matmul_curve is not None and profile.dispatch_measured

@@ -1,0 +1,29 @@
+"""``workbench measure``: this machine's host probes taken again, as text (real probes)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_measure_prints_each_probe_and_caches_them(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    code, out, err = cli("measure")
+    assert code == 0, err
+    assert "measuring this machine" in err
+    lines = out.splitlines()
+    assert re.fullmatch(
+        r"dispatch: [\d.]+ us per module call, [\d.]+ ms per forward \(\d+ threads\)", lines[0]
+    )
+    assert lines[1].startswith("cpu matmul curve: a 1 MiB weight takes ") and "bfloat16" in lines[1]
+    assert lines[2].startswith("cpu kernels: bf16 reads ")
+    assert {p.name for p in tmp_path.iterdir()} >= {
+        "dispatch-overhead.json",
+        "cpu-matmul-curve.json",
+        "cpu-kernels.json",
+    }

@@ -1,0 +1,101 @@
+"""This machine's host measurements, taken again on request.
+
+The detected profile's speed figures rest on three probes, each measured once per machine and
+cached under the CPU, the thread count and the library versions: the host's cost per module
+call and per forward (``dispatch_probe``), the CPU's one-token matmul time by weight size
+(``matmul_probe``) and its quantized kernels' read rates (``device_probe.cached_cpu_kernels``).
+A first measurement taken while the machine was busy stays until it is taken again:
+``measure_host_again`` forgets this machine's entries and measures all three now (the first two
+in fresh processes; 10 to 40 s on two cores). ``workbench measure`` and the window's
+Tools > Measure this machine again run it.
+
+Example:
+    >>> measured = measure_host_again()  # doctest: +SKIP
+    >>> measured.lines()[0]  # doctest: +SKIP
+    'dispatch: 27.1 us per module call, 0.45 ms per forward (2 threads)'
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from workbench.models.cache_dirs import forget_probe
+from workbench.models.device_probe import (
+    CpuKernelProbe,
+    cached_cpu_kernels,
+    cpu_kernel_cache_key,
+    cpu_kernel_cache_path,
+)
+from workbench.models.dispatch_probe import (
+    DispatchOverhead,
+    cached_dispatch_overhead,
+    dispatch_cache_path,
+)
+from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve, matmul_curve_cache_path
+
+__all__ = ["HostMeasurements", "measure_host_again"]
+
+_CURVE_EXAMPLE_BYTES = 2**20  # the curve's figure the summary line quotes
+
+
+@dataclass(frozen=True)
+class HostMeasurements:
+    """The three host probes as measured (``None``: that probe failed; typical values stand)."""
+
+    dispatch: DispatchOverhead | None
+    matmul_curve: MatmulCurve | None
+    cpu_kernels: CpuKernelProbe | None
+
+    def lines(self) -> list[str]:
+        """One line per probe, for the CLI and the window's log."""
+        out = []
+        if self.dispatch is None:
+            out.append("dispatch: not measured (see the log); typical 15 us per module call")
+        else:
+            d = self.dispatch
+            out.append(
+                f"dispatch: {d.per_module_s * 1e6:.1f} us per module call, "
+                f"{d.step_s * 1e3:.2f} ms per forward ({d.threads} threads)"
+            )
+        if self.matmul_curve is None:
+            out.append("cpu matmul curve: not measured (see the log); bandwidth alone is used")
+        else:
+            times = [
+                f"{dtype} {seconds * 1e6:.0f} us"
+                for dtype in sorted(self.matmul_curve.points)
+                if (seconds := self.matmul_curve.seconds(_CURVE_EXAMPLE_BYTES, dtype)) is not None
+            ]
+            out.append(f"cpu matmul curve: a 1 MiB weight takes {', '.join(times)}")
+        if self.cpu_kernels is None:
+            out.append("cpu kernels: not measured (see the log); typical efficiencies are used")
+        else:
+            k = self.cpu_kernels
+            kinds = ", ".join(f"{kind} {share:.2f}" for kind, share in sorted(k.efficiency.items()))
+            out.append(f"cpu kernels: bf16 reads {k.bf16_gbps:.1f} GB/s; of that: {kinds}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The probes as JSON data (``None`` for one that failed)."""
+        return {
+            "dispatch": asdict(self.dispatch) if self.dispatch else None,
+            "matmul_curve": asdict(self.matmul_curve) if self.matmul_curve else None,
+            "cpu_kernels": asdict(self.cpu_kernels) if self.cpu_kernels else None,
+        }
+
+
+def measure_host_again() -> HostMeasurements:
+    """Forget this machine's cached host probes and measure them now (cached again).
+
+    Raises:
+        OSError: a cache file could not be rewritten.
+    """
+    key = cpu_kernel_cache_key()
+    forget_probe(dispatch_cache_path(), "machines", key)
+    forget_probe(matmul_curve_cache_path(), "machines", key)
+    forget_probe(cpu_kernel_cache_path(), "devices", key)
+    return HostMeasurements(
+        dispatch=cached_dispatch_overhead(),
+        matmul_curve=cached_matmul_curve(),
+        cpu_kernels=cached_cpu_kernels(),
+    )
