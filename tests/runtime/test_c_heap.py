@@ -110,3 +110,29 @@ def test_a_run_says_what_the_heap_kept_unless_the_threshold_is_fixed(
     monkeypatch.setenv("WORKBENCH_MMAP_THRESHOLD", "131072")  # the spawned worker reads it
     notes = _run_notes(EventLog(), demo_dir, tmp_path)
     assert not any(note.startswith("cpu heap: ") for note in notes), notes
+
+
+@pytest.mark.slow
+def test_a_repeated_run_measures_its_own_peak_not_the_last_runs_freed_heap(
+    events: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    # the heap is trimmed as each run begins: a second run of the same prompt reusing the
+    # first one's freed blocks would have them in its baseline and out of its peak
+    host = WorkerHost(events, offload_root=tmp_path / "offload")
+    prompt = " ".join(["The capital of France is"] * 44)
+    reserves = []
+    try:
+        assert isinstance(events.final(host.load(demo_dir, {"": "cpu"}, dtype="float32")), Result)
+        for _ in range(3):
+            final = events.final(host.infer(prompt, max_new_tokens=2))
+            assert isinstance(final, Result), final
+            cpu = final.value.memory.device("cpu")
+            reserves.append((cpu.measured_bytes - cpu.measured_weights_bytes, cpu))
+    finally:
+        host.shutdown()
+    first = reserves[0][1]
+    for measured, cpu in reserves[1:]:
+        # the same KV cache and activations: the later runs' prediction lacks only the first
+        # run's matmul workspace, and their measured reserve covers that prediction
+        assert cpu.predicted_reserve_bytes <= first.predicted_reserve_bytes
+        assert measured >= 0.95 * cpu.predicted_reserve_bytes, (measured, cpu)

@@ -97,6 +97,9 @@ class MemoryProbe:
             except RuntimeError:  # a device that cannot say: its peak covers more than the job
                 logger.debug("cannot reset the CUDA peak of device %d", index, exc_info=True)
         if job == "infer":
+            # freed heap pages go back first: reused by the run, they would be in its baseline
+            # and out of its peak (a second run of the same prompt measured 1-2 MiB low)
+            release_free_heap()
             self._run_start_heap_free = heap_free_bytes()
             self._sampler = AnonPeakSampler()
             self._run_start_bytes = self._sampler.start_bytes  # the same counter as the peak
