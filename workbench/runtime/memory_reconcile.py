@@ -12,7 +12,8 @@ Measurements:
   in-memory state dicts of the offload hooks' weight maps (CPU-offloaded blocks of a GPU map),
   each byte counted once (tied weights, views, slices of one mapped shard);
 - CPU: the worker's anonymous RSS the job added above the load's baseline (``Anonymous`` of
-  ``/proc/self/smaps_rollup``; during a run the peak of ``RssAnon``, sampled every 2 ms), plus
+  ``/proc/self/smaps_rollup``; during a run the peak of ``RssAnon``, sampled every 2 ms, above
+  its start after a heap trim, so that it reuses no earlier run's freed pages), plus
   the weights a zero-copy load left memory-mapped from the checkpoint (file pages, not
   anonymous). The baseline is taken as the tensors start loading: the imports, the empty model
   and the tokenizer are built by then. What the load added before that (``runtime_bytes``) is
