@@ -89,6 +89,7 @@ RUNNERS: dict[str, str] = {
     r"scripts/build-app --icons-only": "tests/test_readme.py::test_icons_only_renders_the_pngs_and_keeps_unchanged_ones",
     r"workbench install-desktop-entry( --uninstall)?": "tests/test_readme.py::test_desktop_integration_commands_run",
     r"workbench PATH": "tests/gui/test_session_documents.py::test_command_line_opens_a_saved_session",
+    r"workbench measure": "tests/commands/test_measure.py::test_measure_prints_each_probe_and_caches_them",
     r"workbench (fit|plan|cluster-plan) llama-3\.1-.*": "tests/test_readme.py::test_memory_precision_and_cluster_commands_run_as_written",
 }
 # Documented but not run anywhere, with the reason.
@@ -184,7 +185,6 @@ def test_cli_tour_runs_as_written(user_dirs, capsys):
         assert out.strip(), f"`{line}` printed nothing"
     assert (user_dirs / "demo" / "config.json").is_file()
     assert load_device_map(user_dirs / "map.json")  # plan -o wrote a loadable map
-
 
 
 def test_memory_precision_and_cluster_commands_run_as_written(user_dirs, capsys):

@@ -63,6 +63,9 @@ WORKER = textwrap.dedent(
                            "tied": model.head.weight is model.embed.weight,
                            "dtensor_shard": bool(torch.equal(local, expected)),
                            "dtensor_type": type(sharded.blocks[0].up.weight.data).__name__}}, handle)
+            # both ranks done before either tears gloo down (a rank destroying the group while
+            # the other still used it aborted once: "terminate called without an active exception")
+            dist.barrier()
         finally:
             dist.destroy_process_group()
 
