@@ -14,16 +14,17 @@ def test_measure_prints_each_probe_and_caches_them(
 ) -> None:
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
     code, out, err = cli("measure")
-    assert code == 0, err
     assert "measuring this machine" in err
     lines = out.splitlines()
-    assert re.fullmatch(
+    # the dispatch probe refuses a measurement drowned by other load: exit 1 and it says so
+    drowned = lines[0].startswith("dispatch: not measured (see the log)")
+    assert code == (1 if drowned else 0), err
+    assert drowned or re.fullmatch(
         r"dispatch: [\d.]+ us per module call, [\d.]+ ms per forward \(\d+ threads\)", lines[0]
     )
     assert lines[1].startswith("cpu matmul curve: a 1 MiB weight takes ") and "bfloat16" in lines[1]
     assert lines[2].startswith("cpu kernels: bf16 reads ")
-    assert {p.name for p in tmp_path.iterdir()} >= {
-        "dispatch-overhead.json",
-        "cpu-matmul-curve.json",
-        "cpu-kernels.json",
-    }
+    written = {"cpu-matmul-curve.json", "cpu-kernels.json"}
+    assert {p.name for p in tmp_path.iterdir()} >= written | (
+        set() if drowned else {"dispatch-overhead.json"}
+    )

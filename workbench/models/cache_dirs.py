@@ -91,28 +91,25 @@ def cached_probe(
             logger.warning("%s cache %s: bad entry for %s; measuring again", what, path, key)
     if not measure_if_missing:
         return None
+    return measure_probe(path, field, key, measure, what=what)
+
+
+def measure_probe(
+    path: Path, field: str, key: str, measure: Callable[[], Probe], *, what: str
+) -> Probe | None:
+    """``measure()``'s probe, written under ``key`` in the ``field`` table of the cache
+    ``path`` in place of what was there; ``None`` when the measurement fails (``RuntimeError``,
+    ``ImportError``: logged, the cache keeps its entry). A cache that cannot be written is
+    logged."""
     try:
         probe = measure()
     except (RuntimeError, ImportError) as exc:
         logger.warning("%s not measured, typical values used: %s", what, exc)
         return None
+    entries = read_measurement_cache(path, field)
     entries[key] = asdict(probe)
     try:
         write_measurement_cache(path, field, entries)
     except OSError as exc:
         logger.warning("%s cache %s not written: %s", what, path, exc)
     return probe
-
-
-def forget_probe(path: Path, field: str, key: str) -> bool:
-    """Remove ``key`` from the ``field`` table of the measurement cache ``path`` (the next
-    ``cached_probe`` measures again); whether there was an entry to remove.
-
-    Raises:
-        OSError: the file could not be rewritten.
-    """
-    entries = read_measurement_cache(path, field)
-    if entries.pop(key, None) is None:
-        return False
-    write_measurement_cache(path, field, entries)
-    return True

@@ -5,8 +5,9 @@ cached under the CPU, the thread count and the library versions: the host's cost
 call and per forward (``dispatch_probe``), the CPU's one-token matmul time by weight size
 (``matmul_probe``) and its quantized kernels' read rates (``device_probe.cached_cpu_kernels``).
 A first measurement taken while the machine was busy stays until it is taken again:
-``measure_host_again`` forgets this machine's entries and measures all three now (the first two
-in fresh processes; 10 to 40 s on two cores). ``workbench measure`` and the window's
+``measure_host_again`` measures all three now (the first two in fresh processes; 10 to 40 s
+on two cores), each replacing the earlier figure as it finishes, so a stopped measurement
+keeps the rest. ``workbench measure`` and the window's
 Tools > Measure this machine again run it.
 
 Example:
@@ -20,19 +21,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.models.cache_dirs import forget_probe
+from workbench.models.cache_dirs import measure_probe
 from workbench.models.device_probe import (
     CpuKernelProbe,
-    cached_cpu_kernels,
     cpu_kernel_cache_key,
     cpu_kernel_cache_path,
+    measure_cpu_kernels,
 )
 from workbench.models.dispatch_probe import (
     DispatchOverhead,
-    cached_dispatch_overhead,
     dispatch_cache_path,
+    measure_dispatch_overhead_apart,
 )
-from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve, matmul_curve_cache_path
+from workbench.models.matmul_probe import (
+    MatmulCurve,
+    matmul_curve_cache_path,
+    measure_matmul_curve_apart,
+)
 
 __all__ = ["HostMeasurements", "measure_host_again"]
 
@@ -85,17 +90,25 @@ class HostMeasurements:
 
 
 def measure_host_again() -> HostMeasurements:
-    """Forget this machine's cached host probes and measure them now (cached again).
-
-    Raises:
-        OSError: a cache file could not be rewritten.
-    """
+    """Measure this machine's host probes now, each cached in place of the one before as it
+    finishes (a probe that fails or is stopped keeps the earlier figure)."""
     key = cpu_kernel_cache_key()
-    forget_probe(dispatch_cache_path(), "machines", key)
-    forget_probe(matmul_curve_cache_path(), "machines", key)
-    forget_probe(cpu_kernel_cache_path(), "devices", key)
     return HostMeasurements(
-        dispatch=cached_dispatch_overhead(),
-        matmul_curve=cached_matmul_curve(),
-        cpu_kernels=cached_cpu_kernels(),
+        dispatch=measure_probe(
+            dispatch_cache_path(),
+            "machines",
+            key,
+            measure_dispatch_overhead_apart,
+            what="dispatch overhead",
+        ),
+        matmul_curve=measure_probe(
+            matmul_curve_cache_path(),
+            "machines",
+            key,
+            measure_matmul_curve_apart,
+            what="CPU matmul curve",
+        ),
+        cpu_kernels=measure_probe(
+            cpu_kernel_cache_path(), "devices", key, measure_cpu_kernels, what="CPU kernels"
+        ),
     )
