@@ -172,20 +172,25 @@ class WindowHardware(QObject):
         profile = self.profile
         if getattr(profile, "name", "") != DETECTED_NAME or profile.dispatch_measured:
             return
-        measured = with_host_probes(profile, measure=False)  # the same object when uncached
-        if measured is not profile:
-            self.profile = measured
-            self.hardware_selector.update_profile(measured)
-            self.speed_timer.start()
+        self._update_detected(lambda detected: with_host_probes(detected, measure=False))
 
     def take_host_measurements(self, measured: Any) -> None:
         """This machine measured again (Tools > Measure this machine again): the detected
         profile, listed and active, takes the new figures and the speed is predicted again."""
+        self._update_detected(lambda detected: with_host_measurements(detected, measured))
+
+    def _update_detected(self, update: Callable[[Any], Any]) -> None:
+        """Give the detected profile, listed and active, ``update``'s newer figures (the same
+        hardware: no undo step); the speed is predicted again when the active one changed."""
         listed = self.hardware_selector.profile(DETECTED_NAME)
-        if listed is not None:
-            self.hardware_selector.update_profile(with_host_measurements(listed, measured))
-        if getattr(self.profile, "name", "") == DETECTED_NAME:
-            self.profile = with_host_measurements(self.profile, measured)
+        if listed is not None and listed is not self.profile:
+            self.hardware_selector.update_profile(update(listed))
+        if getattr(self.profile, "name", "") != DETECTED_NAME:
+            return
+        updated = update(self.profile)  # the same object when nothing is new
+        if updated is not self.profile:
+            self.profile = updated
+            self.hardware_selector.update_profile(updated)
             self.speed_timer.start()
 
     def _on_speed_thread_succeeded(self, prediction: Any) -> None:

@@ -76,12 +76,16 @@ def cached_probe(
     *,
     measure_if_missing: bool,
     what: str,
+    again: bool = False,
 ) -> Probe | None:
     """A machine's probe (a dataclass) from the ``field`` table of the cache ``path`` under
     ``key``, else ``measure()``'s, written there; ``None`` when nothing is cached and
     ``measure_if_missing`` is false, or the measurement fails (``RuntimeError``,
-    ``ImportError``: logged, the caller's typical values stand). A malformed cache file or
-    entry is measured again, never fatal; a cache that cannot be written is logged."""
+    ``ImportError``: logged, the caller's typical values stand). ``again``: measure now
+    whatever is cached (``measure_probe``). A malformed cache file or entry is measured again,
+    never fatal; a cache that cannot be written is logged."""
+    if again:
+        return measure_probe(path, field, key, measure, what=what)
     entries = read_measurement_cache(path, field)
     cached = entries.get(key)
     if isinstance(cached, dict):

@@ -382,12 +382,14 @@ def cached_cpu_kernels(
     cache_path: Path | None = None,
     *,
     measure_if_missing: bool = True,
+    again: bool = False,
 ) -> CpuKernelProbe | None:
     """This CPU's cached kernel probe, else ``measure()``'s (default ``measure_cpu_kernels``),
     written to the cache; ``None`` when nothing is cached and ``measure_if_missing`` is false
     or the measurement fails (typical values are used, with a note in the log).
 
-    A malformed cache file or entry is measured again, never fatal.
+    A malformed cache file or entry is measured again, never fatal; ``again``: measured now,
+    in place of the cached entry.
     """
     return cached_probe(
         cache_path or cpu_kernel_cache_path(),
@@ -396,5 +398,6 @@ def cached_cpu_kernels(
         CpuKernelProbe,
         measure or measure_cpu_kernels,
         measure_if_missing=measure_if_missing,
+        again=again,
         what="CPU kernels",
     )

@@ -174,11 +174,13 @@ def cached_dispatch_overhead(
     cache_path: Path | None = None,
     *,
     measure_if_missing: bool = True,
+    again: bool = False,
 ) -> DispatchOverhead | None:
     """This machine's cached dispatch probe, else ``measure()``'s (default
     ``measure_dispatch_overhead``), written to the cache; ``None`` when nothing is cached and
     ``measure_if_missing`` is false or the measurement fails (the profile's typical values are
-    used, with a note in the log). A malformed cache file or entry is measured again."""
+    used, with a note in the log). A malformed cache file or entry is measured again.
+    ``again``: measured now, in place of the cached entry."""
     return cached_probe(
         cache_path or dispatch_cache_path(),
         "machines",
@@ -186,6 +188,7 @@ def cached_dispatch_overhead(
         DispatchOverhead,
         measure or measure_dispatch_overhead_apart,
         measure_if_missing=measure_if_missing,
+        again=again,
         what="dispatch overhead",
     )
 

@@ -21,23 +21,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.models.cache_dirs import measure_probe
-from workbench.models.device_probe import (
-    CpuKernelProbe,
-    cpu_kernel_cache_key,
-    cpu_kernel_cache_path,
-    measure_cpu_kernels,
-)
-from workbench.models.dispatch_probe import (
-    DispatchOverhead,
-    dispatch_cache_path,
-    measure_dispatch_overhead_apart,
-)
-from workbench.models.matmul_probe import (
-    MatmulCurve,
-    matmul_curve_cache_path,
-    measure_matmul_curve_apart,
-)
+from workbench.models.device_probe import CpuKernelProbe, cached_cpu_kernels
+from workbench.models.dispatch_probe import DispatchOverhead, cached_dispatch_overhead
+from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve
 
 __all__ = ["HostMeasurements", "measure_host_again"]
 
@@ -80,6 +66,25 @@ class HostMeasurements:
             out.append(f"cpu kernels: bf16 reads {k.bf16_gbps:.1f} GB/s; of that: {kinds}")
         return out
 
+    @property
+    def complete(self) -> bool:
+        """Whether every probe was measured."""
+        return None not in (self.dispatch, self.matmul_curve, self.cpu_kernels)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostMeasurements:
+        """The inverse of ``to_dict`` (``workbench measure --json``'s output)."""
+
+        def build(kind: type, key: str) -> Any:
+            value = data.get(key)
+            return kind(**value) if isinstance(value, dict) else None
+
+        return cls(
+            dispatch=build(DispatchOverhead, "dispatch"),
+            matmul_curve=build(MatmulCurve, "matmul_curve"),
+            cpu_kernels=build(CpuKernelProbe, "cpu_kernels"),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The probes as JSON data (``None`` for one that failed)."""
         return {
@@ -92,23 +97,8 @@ class HostMeasurements:
 def measure_host_again() -> HostMeasurements:
     """Measure this machine's host probes now, each cached in place of the one before as it
     finishes (a probe that fails or is stopped keeps the earlier figure)."""
-    key = cpu_kernel_cache_key()
     return HostMeasurements(
-        dispatch=measure_probe(
-            dispatch_cache_path(),
-            "machines",
-            key,
-            measure_dispatch_overhead_apart,
-            what="dispatch overhead",
-        ),
-        matmul_curve=measure_probe(
-            matmul_curve_cache_path(),
-            "machines",
-            key,
-            measure_matmul_curve_apart,
-            what="CPU matmul curve",
-        ),
-        cpu_kernels=measure_probe(
-            cpu_kernel_cache_path(), "devices", key, measure_cpu_kernels, what="CPU kernels"
-        ),
+        dispatch=cached_dispatch_overhead(again=True),
+        matmul_curve=cached_matmul_curve(again=True),
+        cpu_kernels=cached_cpu_kernels(again=True),
     )

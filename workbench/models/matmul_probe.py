@@ -158,11 +158,12 @@ def cached_matmul_curve(
     cache_path: Path | None = None,
     *,
     measure_if_missing: bool = True,
+    again: bool = False,
 ) -> MatmulCurve | None:
     """This CPU's cached matmul curve, else ``measure()``'s (default
     ``measure_matmul_curve``), written to the cache; ``None`` when nothing is cached and
     ``measure_if_missing`` is false or the measurement fails (the speed model then uses the
-    CPU's bandwidth alone)."""
+    CPU's bandwidth alone). ``again``: measured now, in place of the cached entry."""
     return cached_probe(
         cache_path or matmul_curve_cache_path(),
         "machines",
@@ -170,6 +171,7 @@ def cached_matmul_curve(
         MatmulCurve,
         measure or measure_matmul_curve_apart,
         measure_if_missing=measure_if_missing,
+        again=again,
         what="CPU matmul curve",
     )
 

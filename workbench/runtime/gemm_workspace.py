@@ -48,7 +48,7 @@ from workbench.models.cache_dirs import (
     write_measurement_cache,
 )
 from workbench.models.device_probe import cpu_kernel_cache_key
-from workbench.models.probe_process import run_probe_process
+from workbench.models.probe_process import probe_main, run_probe_process
 from workbench.runtime.memory_prediction import main_device
 from workbench.runtime.model_inputs import accepts
 
@@ -178,15 +178,11 @@ def _run_calls(calls: Iterable[dict[str, Any]], measure: bool) -> int:
     return left
 
 
-def _probe_main() -> int:
-    """``python -m workbench.runtime.gemm_workspace`` with ``{"threads", "warm", "calls"}`` on
-    stdin: prints the bytes ``calls`` left resident after ``warm`` ran (not counted)."""
-    spec = json.loads(sys.stdin.read())
-    torch.set_num_threads(int(spec["threads"]))
-    torch.randn(2**20).add_(1.0)  # the thread pool starts before anything is measured
+def _measure_spec(spec: dict[str, Any]) -> dict[str, int]:
+    """The probe process's answer for ``{"threads", "warm", "calls"}``: the bytes ``calls``
+    left resident after ``warm`` ran (not counted)."""
     _run_calls(spec["warm"], measure=False)
-    print(json.dumps({"bytes": _run_calls(spec["calls"], measure=True)}))
-    return 0
+    return {"bytes": _run_calls(spec["calls"], measure=True)}
 
 
 def probe_gemm_workspace(
@@ -283,4 +279,4 @@ def cpu_gemm_workspace_bytes(
 
 
 if __name__ == "__main__":
-    sys.exit(_probe_main())
+    sys.exit(probe_main(_measure_spec))

@@ -20,10 +20,7 @@ import sys
 import threading
 
 from workbench.big_modeling.errors import LoadCancelled
-from workbench.models.device_probe import CpuKernelProbe
-from workbench.models.dispatch_probe import DispatchOverhead
 from workbench.models.host_measurements import HostMeasurements
-from workbench.models.matmul_probe import MatmulCurve
 
 __all__ = ["MachineMeasurement"]
 
@@ -72,7 +69,7 @@ class MachineMeasurement:
         if not isinstance(data, dict):
             tail = "\n".join(err.strip().splitlines()[-5:])
             raise RuntimeError(f"workbench measure exited with {self._process.returncode}: {tail}")
-        return _measurements(data)
+        return HostMeasurements.from_dict(data)
 
     @property
     def exit_code(self) -> int | None:
@@ -94,15 +91,3 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
             os.killpg(process.pid, signal.SIGKILL)
     else:
         process.kill()
-
-
-def _measurements(data: dict) -> HostMeasurements:
-    def build(kind: type, key: str) -> object | None:
-        value = data.get(key)
-        return kind(**value) if isinstance(value, dict) else None
-
-    return HostMeasurements(
-        dispatch=build(DispatchOverhead, "dispatch"),
-        matmul_curve=build(MatmulCurve, "matmul_curve"),
-        cpu_kernels=build(CpuKernelProbe, "cpu_kernels"),
-    )
