@@ -141,7 +141,8 @@ class MemoryReconcileWidget(QWidget):
             return
         self._loaded_map = None  # the worker holds no model: the lanes' figures are stale
         if self.record is not None:
-            self.caption.setText(self.caption.text() + " — that model is no longer loaded")
+            # first: the caption is cut at the panel's width, and this is what it must say
+            self.caption.setText("That model is no longer loaded — " + self.caption.text())
             self.caption.setToolTip(f"{self.caption.text()}\n\n{EXPLANATION}")
         self.record_shown.emit(None, None)
 
