@@ -241,6 +241,9 @@ class JobRunner:
         if self.loaded is None:
             return
         self.loaded = None
+        buffers = sys.modules.get("workbench.big_modeling.quantization.bnb4_cpu")
+        if buffers is not None:  # a 4-bit model's CPU dequantize buffers go with it
+            buffers.release_dequantize_buffers()
         gc.collect()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
@@ -278,6 +281,7 @@ def _with_run_memory(
             new_tokens=int(value.new_tokens),
             dtype=first.dtype if first is not None else None,
             entry_sizes=_entry_sizes(loaded.opened),
+            precision_map=loaded.extras.get("precision_map"),
             before_probing=before_probing,
         )
     except Exception:

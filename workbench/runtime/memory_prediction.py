@@ -6,7 +6,9 @@ its measurements.
   (``quantized_weights_prediction``);
 - a run's reserve: the memory model's KV cache and activation peak at the run's real shape
   (``predict_run_reserve``) and the largest offloaded block on the device that runs it
-  (``offload_staging_bytes``); the CPU matmul workspace is probed apart (``gemm_workspace``).
+  (``offload_staging_bytes``), and the dense copy bitsandbytes' 4-bit matmuls dequantize into
+  (``dequantize_buffer_prediction``); the CPU matmul workspace is probed apart
+  (``gemm_workspace``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from workbench.big_modeling.device_map.coverage import non_persistent_buffer_nam
 from workbench.big_modeling.device_map.value import device_for
 from workbench.big_modeling.devices import device_label
 from workbench.big_modeling.planning.device_reserve import reserve_per_device
+from workbench.big_modeling.quantization.bnb4_cpu import dequantize_buffer_nbytes
+from workbench.big_modeling.quantization.precisions import parse_precision
 from workbench.big_modeling.quantization.sizes import quantized_weight_nbytes
 
 __all__ = [
+    "dequantize_buffer_prediction",
     "main_device",
     "offload_staging_bytes",
     "predict_run_reserve",
@@ -161,3 +166,45 @@ def offload_staging_bytes(
     ]
     largest = max(sizes, default=0)
     return {main: largest} if largest else {}
+
+
+def dequantize_buffer_prediction(
+    model: nn.Module, precision_map: Mapping[str, str], device_map: Mapping[str, object]
+) -> dict[str, int]:
+    """Room the nf4/fp4 weights' dense copies take on each device that runs them.
+
+    A 4-bit matmul computes with the weight dequantized to its compute dtype: on the CPU into
+    one buffer per thread and dtype, grown to the largest such weight and kept
+    (``quantization.bnb4_cpu``); on a GPU bitsandbytes dequantizes a weight for each
+    multi-token (prefill) matmul and frees it after, so the peak holds the largest one. Per
+    device: per compute dtype, its largest 2-D weight (one expert of a fused 3-D one) at that
+    dtype's bytes. Offloaded (cpu/disk) modules run on the map's main device.
+
+    Args:
+        model: the loaded model (an offloaded weight is on ``meta``: only its shape is read).
+        precision_map: ``{module name: precision}`` of the modules the load converted.
+        device_map: the map the model was dispatched with.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 128))
+        >>> dequantize_buffer_prediction(model, {"0": "nf4", "1": "int8"}, {"": "cpu"})
+        {'cpu': 8192}
+    """
+    main = main_device(device_map)
+    weights: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
+    for name, precision in precision_map.items():
+        try:
+            kind = parse_precision(precision).kind
+        except ValueError:
+            continue
+        if kind not in ("nf4", "fp4"):
+            continue
+        placed = device_for(name, device_map)
+        label = main if placed is None else device_label(placed)
+        runs_on = main if label in ("cpu", "disk") else label
+        module = model.get_submodule(name)
+        weights.setdefault(runs_on, []).extend(
+            (tuple(p.shape), p.dtype) for p in module.parameters(recurse=False) if p.dim() >= 2
+        )
+    out = {device: dequantize_buffer_nbytes(shapes) for device, shapes in weights.items()}
+    return {device: nbytes for device, nbytes in out.items() if nbytes}

@@ -26,8 +26,10 @@ Measurements:
 Predicted (``memory_prediction``): the weights the map places per device (checkpoint headers;
 non-persistent buffers such as rotary ``inv_freq`` are left out on both sides), plus for a run
 the KV cache and activation peak of the memory model at the run's real shape and the largest
-offloaded block on the device that runs it, and on the CPU the buffers its matmul libraries
-keep after the run's new matmul shapes (``gemm_workspace``, probed once per CPU and cached).
+offloaded block on the device that runs it, the dense copy a 4-bit (nf4/fp4) matmul dequantizes
+into (``dequantize_buffer_prediction``; on the CPU a buffer kept for the next run, so a run adds
+only what it grows by), and on the CPU the buffers its matmul libraries keep after the run's new
+matmul shapes (``gemm_workspace``, probed once per CPU and cached).
 Not predicted, and said in a note: the freed blocks the C heap kept for reuse at the end of a
 run (``c_heap.heap_free_bytes``), which a CPU peak after a long prompt can include.
 
@@ -50,9 +52,14 @@ from torch import nn
 
 from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.big_modeling.planning.sizes import format_nbytes
+from workbench.big_modeling.quantization.bnb4_cpu import held_dequantize_buffer_bytes
 from workbench.runtime.c_heap import heap_free_bytes, release_free_heap
 from workbench.runtime.gemm_workspace import GemmCall, cpu_gemm_calls, cpu_gemm_workspace_bytes
-from workbench.runtime.memory_prediction import offload_staging_bytes, predict_run_reserve
+from workbench.runtime.memory_prediction import (
+    dequantize_buffer_prediction,
+    offload_staging_bytes,
+    predict_run_reserve,
+)
 from workbench.runtime.memory_readings import (
     AnonPeakSampler,
     cuda_devices_in_use,
@@ -81,6 +88,7 @@ class MemoryProbe:
         self._load_bytes: int | None = None  # anonymous RSS the load added, at its end
         self._run_start_bytes: int | None = None  # anonymous RSS as a run began
         self._run_start_heap_free: int | None = None  # freed bytes the C heap held then
+        self._run_start_dequantize = 0  # 4-bit dequantize buffers held as the run began
         self._job = ""
         self._read_bytes = 0
         self._sampler: AnonPeakSampler | None = None
@@ -102,6 +110,7 @@ class MemoryProbe:
             # and out of its peak (a second run of the same prompt measured 1-2 MiB low)
             release_free_heap()
             self._run_start_heap_free = heap_free_bytes()
+            self._run_start_dequantize = held_dequantize_buffer_bytes()
             self._sampler = AnonPeakSampler()
             self._run_start_bytes = self._sampler.start_bytes  # the same counter as the peak
             self._sampler.start()
@@ -148,12 +157,15 @@ class MemoryProbe:
         new_tokens: int,
         dtype: torch.dtype,
         entry_sizes: Mapping[str, int] | None = None,
+        precision_map: Mapping[str, str] | None = None,
         before_probing: Callable[[], None] | None = None,
     ) -> MemoryReconciliation:
         """The record after a run: peaks against the weights plus the run's predicted reserve
-        (KV cache and activations, ``predict_run_reserve``, and on the main device the
-        largest offloaded block brought in for its forward, ``offload_staging_bytes``).
-        ``before_probing()`` is called before a matmul workspace is probed (not cached)."""
+        (KV cache and activations, ``predict_run_reserve``; on the main device the largest
+        offloaded block brought in for its forward, ``offload_staging_bytes``; the 4-bit
+        weights' dense copies of ``precision_map``'s modules, the load's converted ones,
+        ``dequantize_buffer_prediction``). ``before_probing()`` is called before a matmul
+        workspace is probed (not cached)."""
         peak = self._sampler.stop() if self._sampler is not None else None
         anonymous = read_anonymous_bytes()  # before the prediction and the weights' walk
         self._sampler = None
@@ -182,6 +194,7 @@ class MemoryProbe:
             notes.append(f"no KV/activation prediction: {exc}")
         for device, nbytes in offload_staging_bytes(entry_sizes or {}, device_map).items():
             reserve[device] = reserve.get(device, 0) + nbytes
+        self._dequantize_buffers(model, precision_map or {}, device_map, reserve, notes)
         workspace = self._gemm_workspace(
             model, device_map, prompt_tokens, new_tokens, notes, before_probing
         )
@@ -197,6 +210,31 @@ class MemoryProbe:
             context=context,
             notes=notes,
         )
+
+    def _dequantize_buffers(
+        self,
+        model: nn.Module,
+        precision_map: Mapping[str, str],
+        device_map: Mapping[str, object],
+        reserve: dict[str, int],
+        notes: list[str],
+    ) -> None:
+        """Add the 4-bit weights' dense copies to ``reserve``: on the CPU what the kept buffer
+        grows by in this run (what it held as the run began is in the baseline)."""
+        for device, nbytes in dequantize_buffer_prediction(
+            model, precision_map, device_map
+        ).items():
+            added = max(0, nbytes - self._run_start_dequantize) if device == "cpu" else nbytes
+            reserve[device] = reserve.get(device, 0) + added
+            kept = (
+                f"; {format_nbytes(nbytes - added)} of it held since an earlier run"
+                if device == "cpu" and added < nbytes
+                else ""
+            )
+            notes.append(
+                f"{device} 4-bit dequantize: {format_nbytes(nbytes)} for the largest nf4/fp4 "
+                f"weight in its compute dtype{kept}; in {device}'s predicted reserve"
+            )
 
     def _gemm_workspace(
         self,

@@ -20,6 +20,9 @@ the same bytes run on CPU and CUDA and can be written to an offload folder as pl
 expert at a time; indexing it by expert (what transformers' eager experts forward does) gives
 that expert's 2-D ``Bnb4bitTensor``.
 
+On the CPU a linear dequantizes into a buffer reused per thread (``bnb4_cpu``: bitsandbytes'
+kernels, no per-call blocks left to fragment the heap); on CUDA it is ``bnb.matmul_4bit``.
+
 bitsandbytes is imported on first use: without it, quantizing or running such a weight raises
 ``BadInputError`` saying to install it.
 
@@ -39,6 +42,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from torchao.utils import TorchAOBaseTensor
 
 from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.quantization.bnb4_cpu import linear_4bit_cpu
 from workbench.big_modeling.quantization.precisions import Precision, parse_precision
 
 aten = torch.ops.aten
@@ -258,6 +262,8 @@ def _linear(func: Any, types: Any, args: Any, kwargs: Any) -> torch.Tensor:
             f"linear needs a 2-D weight, this 4-bit weight is {weight.weight_shape}"
         )
     bnb = require_bitsandbytes()
+    if activation.device.type == "cpu" and weight.device.type == "cpu":
+        return linear_4bit_cpu(activation, weight, bias)
     packed = weight.packed.view(-1, 1)
     state = weight.quant_state()
     if activation.dtype != weight.dtype:
