@@ -154,3 +154,32 @@ def test_bad_memory_options_are_errors() -> None:
 def test_the_cli_offers_the_runtimes_kv_choices() -> None:
     assert plan_command.KV_DTYPES == planning.KV_DTYPES  # its parser needs them without torch
     assert plan_command.KV_ENGINES == planning.KV_ENGINES
+
+
+def test_4_bit_weights_reserve_their_largest_dense_copy_where_they_run() -> None:
+    opened = open_model("llama-3.1-8b")
+    options = MemoryOptions(context=4096, kv_dtype="fp16")
+    mlp = 14336 * 4096 * 2  # an MLP weight of Llama 3.1 8B in bf16: the largest 4-bit one
+    for device_map, runner in (
+        ({"": 0}, 0),
+        ({"": "cpu"}, "cpu"),
+        # offloaded layers run on the map's GPU, which keeps the one copy
+        ({"model.embed_tokens": 0, "model.layers": "disk", "model.norm": 0,
+          "model.rotary_emb": 0, "lm_head": 0}, 0),
+    ):  # fmt: skip
+        plain = device_reserves(opened, device_map, options)
+        nf4 = device_reserves(opened, device_map, options, {"model.layers": "nf4"})
+        assert nf4[runner].dequantize_nbytes == mlp
+        assert nf4[runner].nbytes == plain[runner].nbytes + mlp
+        assert nf4[runner].why == plain[runner].why + "; 112 MiB to dequantize its largest 4-bit weight"
+    # int8 runs torchao's kernel on the packed weight, and lm_head stays bf16: no dense copy
+    for precisions in ({"model.layers": "int8"}, {"lm_head": "int8", "model.layers": "bfloat16"}):
+        (reserve,) = device_reserves(opened, {"": 0}, options, precisions).values()
+        assert reserve.dequantize_nbytes == 0
+    # one layer in nf4: only its weights count (the same MLP size)
+    (one,) = device_reserves(opened, {"": 0}, options, {"model.layers.3.mlp": "nf4"}).values()
+    assert one.dequantize_nbytes == mlp
+    (attention,) = device_reserves(
+        opened, {"": 0}, options, {"model.layers.3.self_attn": "fp4"}
+    ).values()
+    assert attention.dequantize_nbytes == 4096 * 4096 * 2  # q_proj and o_proj, the largest

@@ -83,3 +83,14 @@ def test_bad_memory_options_name_the_file(tmp_path: Path, memory: object, proble
     with pytest.raises(SessionFileError, match=r"bad\.wbsession\.json") as caught:
         Session.restore(path)
     assert problem in str(caught.value)
+
+
+def test_the_sessions_precision_map_gives_its_4_bit_weights_room_to_dequantize(demo: Path) -> None:
+    session = Session(source=str(demo), device_map={"": "cpu"}, memory=MemoryOptions(context=64))
+    session.reopen()
+    plain = session.device_reserves()["cpu"]
+    session.set_precision_map({"model.layers": "nf4"})
+    nf4 = session.device_reserves()["cpu"]
+    # the demo's MLP weights, 512 x 192 in its float16, are its largest 4-bit ones
+    assert nf4.dequantize_nbytes == 512 * 192 * 2
+    assert nf4.nbytes == plain.nbytes + 512 * 192 * 2

@@ -122,7 +122,7 @@ def settle_joint_reserves(
     kept: dict[Any, int] = {}
     why: dict[Any, str] = {}
     for _ in range(MAX_RESERVE_PASSES):
-        needed = device_reserves(opened, joint.plan.device_map, memory)
+        needed = device_reserves(opened, joint.plan.device_map, memory, joint.plan.precision_map)
         settled = {device: r.nbytes for device, r in needed.items()}
         why = {device: r.why for device, r in needed.items()}
         if settled == kept:

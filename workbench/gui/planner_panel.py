@@ -240,7 +240,7 @@ class PlannerPanel(QWidget):
         if options is None or opened is None or not device_map:
             return None
         try:
-            return device_reserves(opened, device_map, options)
+            return device_reserves(opened, device_map, options, self.window_.session.precision_map)
         except (ValueError, TypeError, AttributeError) as exc:
             logger.info("no memory model for the lanes: %s", str(exc))
             return None

@@ -234,7 +234,7 @@ def plan_joint(
         )
         if memory is None:
             break
-        needed = device_reserves(opened, joint.plan.device_map, memory)
+        needed = device_reserves(opened, joint.plan.device_map, memory, joint.plan.precision_map)
         settled = {device: r.nbytes for device, r in needed.items()}
         why = {device: r.why for device, r in needed.items()}
         if settled == kept:

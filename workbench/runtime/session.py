@@ -290,7 +290,7 @@ class Session:
         """
         if self.memory is None or self.opened is None or not self.device_map:
             return None
-        return planned_reserves(self.opened, self.device_map, self.memory)
+        return planned_reserves(self.opened, self.device_map, self.memory, self.precision_map)
 
     def set_planner_options(self, options: Mapping[str, Any], *, reason: str = "") -> dict:
         """Replace the planner options; return the previous ones."""

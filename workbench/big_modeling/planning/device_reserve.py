@@ -84,6 +84,8 @@ class DeviceReserve:
         why: one sentence, e.g. ``"layers 0-31 on cuda:0 need 2 GiB of KV cache at 8192
             context, fp16, GQA 8 of 32 heads; activation peak 256 MiB (MLP intermediate)"``. The
             logits are charged to the device of the last decoder layer.
+        dequantize_nbytes: the dense copy of the largest nf4/fp4 weight the device runs, per
+            compute dtype (a precision map's; ``runtime.planning`` adds it).
     """
 
     device: str
@@ -91,11 +93,12 @@ class DeviceReserve:
     kv_nbytes: int
     activation_nbytes: int
     why: str
+    dequantize_nbytes: int = 0
 
     @property
     def nbytes(self) -> int:
         """The reserve to pass to the planner for this device."""
-        return self.kv_nbytes + self.activation_nbytes
+        return self.kv_nbytes + self.activation_nbytes + self.dequantize_nbytes
 
 
 def _device_name(device: object) -> str:
