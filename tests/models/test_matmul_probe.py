@@ -17,10 +17,12 @@ from workbench.models.hardware import (
     profile_from_dict,
     with_host_probes,
 )
+from workbench.models.kernel_costs import DOCUMENTED_CPU, KernelCosts
 from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve, measure_matmul_curve
 from workbench.models.probe_process import run_probe_process
 from workbench.models.speed import predict_speed
 from workbench.models.tree import build_module_tree
+from workbench.runtime.precision_planning import with_tensor_sizes
 
 CURVE = MatmulCurve(
     points={"float16": [[1e6, 1e-4], [4e6, 2e-4]], "float32": [[1000, 1e-5], [3000, 2e-5]]},
@@ -83,6 +85,29 @@ def test_a_cpu_linear_is_read_in_the_curves_time() -> None:
     # the 2,000,000 B float16 weight: 1e-4 s + (1e6 / 3e6) x 1e-4 s on the curve
     assert timed[0].compute_s == pytest.approx(1e-4 + 1e-4 / 3)
     assert timed[1].compute_s == plain[1].compute_s  # a LayerNorm is no matmul
+
+
+def test_a_quantized_cpu_linear_is_read_at_its_efficiency_of_the_curves_16_bit_rate() -> None:
+    # the efficiencies are measured against the 16-bit kernel (device_probe), so the curve's
+    # 16-bit time is the base, not the nominal bandwidth (which made nf4 SmolLM2-135M 3.5x
+    # too fast on this project's CPU: 23.7 tok/s predicted, 6.77 measured)
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1000, 1000, bias=False), nn.LayerNorm(1000))
+    tree = build_module_tree(model, dtype=torch.float16)
+    nf4_bytes = 562_500  # 1e6 weights: 4 bits each plus a float32 scale per 64
+    sized = with_tensor_sizes(tree, {**tree.tensor_nbytes, "0.weight": nf4_bytes})
+    profile = replace(
+        load_profile("cpu-laptop-16gb"),
+        module_call_us=0.0,
+        forward_call_us=0.0,
+        cpu_matmul_curve=CURVE,
+    )
+    costs = KernelCosts(cpu={**DOCUMENTED_CPU, "nf4": 0.05})
+    layers = predict_speed(
+        sized, {"": "cpu"}, profile, precisions={"0": "nf4"}, kernel_costs=costs
+    ).per_layer
+    sixteen_bit = 1e-4 + 1e-4 / 3  # the curve's time for the 2,000,000 B float16 weight
+    assert layers[0].compute_s == pytest.approx(sixteen_bit * nf4_bytes / 2e6 / 0.05)
 
 
 def test_this_machines_probes_run_apart_once_and_are_cached(tmp_path: Path, monkeypatch) -> None:

@@ -30,7 +30,11 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
 
 On the CPU, with the profile's ``cpu_matmul_curve`` (``matmul_probe``: measured for the
 detected profile), a plain Linear weight of ``W_t`` bytes is read in the curve's seconds for
-its size and dtype instead of ``W_t / (M * mbu)``: small weights never reach the bandwidth.
+its size and dtype instead of ``W_t / (M * mbu)``: small weights never reach the bandwidth. A
+quantized one is read in ``curve(P_t) x W_t / P_t / eff(cpu, p_t)``, ``P_t`` its 16-bit bytes:
+its kernel's efficiency is measured against that 16-bit kernel, not the nominal bandwidth
+(bitsandbytes' nf4 on this project's 2-core CPU: 6.77 tok/s measured on SmolLM2-135M, 23.7
+predicted against the nominal bandwidth).
 
 ``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
 ``forward_call_us`` (``dispatch_probe``: measured on this machine, typical elsewhere); the
@@ -254,7 +258,8 @@ def predict_speed(
     for unit in _iter_layers(tree.root):
         bytes_by_tier: dict[int | str, int] = {}
         bytes_by_kind: dict[str, int] = {}
-        curve_s, curve_bytes = 0.0, 0  # plain Linear weights read in the curve's time
+        curve_s = 0.0  # Linear weights read in the curve's time
+        curve_bytes: dict[str, int] = {}  # their bytes, by kind
         for tensor_name in _unit_tensors(unit):
             nbytes = tree.tensor_nbytes.get(tensor_name)
             if nbytes is None:  # a tied alias: counted under its first name
@@ -265,9 +270,10 @@ def predict_speed(
                 continue
             bytes_by_tier[tier] = bytes_by_tier.get(tier, 0) + nbytes
             kind = _tensor_kind(tree, tensor_name, precisions, kinds)
-            seconds = _curve_seconds(tree, tensor_name, nbytes, curve) if kind == "plain" else None
+            seconds = _curve_seconds(tree, tensor_name, nbytes, curve, kind, costs)
             if seconds is not None:
-                curve_s, curve_bytes = curve_s + seconds, curve_bytes + nbytes
+                curve_s += seconds
+                curve_bytes[kind] = curve_bytes.get(kind, 0) + nbytes
             bytes_by_kind[kind] = bytes_by_kind.get(kind, 0) + nbytes
         if not bytes_by_tier:
             continue
@@ -286,7 +292,7 @@ def predict_speed(
         flops_per_s = max(spec.compute_tflops, 1e-3) * 1e12 * mfu
         memory_bw = max(spec.memory_bandwidth_gbps, 1e-3) * GB * mbu
         weight_read_s = curve_s + sum(
-            (kind_bytes - (curve_bytes if kind == "plain" else 0))
+            (kind_bytes - curve_bytes.get(kind, 0))
             / (memory_bw * costs.efficiency(execution, kind))
             for kind, kind_bytes in bytes_by_kind.items()
         )
@@ -365,17 +371,37 @@ def _tensor_kind(
     return kind
 
 
+_DTYPE_BYTES = {"float32": 4, "float64": 8}  # per parameter; 16-bit dtypes otherwise
+
+
 def _curve_seconds(
-    tree: ModuleTree, tensor: str, nbytes: int, curve: MatmulCurve | None
+    tree: ModuleTree,
+    tensor: str,
+    nbytes: int,
+    curve: MatmulCurve | None,
+    kind: str = "plain",
+    costs: KernelCosts | None = None,
 ) -> float | None:
     """The CPU matmul curve's seconds for ``tensor`` when it is a Linear weight (``None``:
-    no curve, another tensor, or a dtype the curve has no points for)."""
+    no curve, another tensor, or a dtype the curve has no points for).
+
+    A quantized weight (``kind`` not plain) of ``nbytes`` stored is read at ``eff`` of the
+    rate the curve measured for its 16-bit weight (``P`` bytes): ``curve(P) x nbytes / P /
+    eff`` (``eff`` is measured against that 16-bit kernel: ``device_probe``, ``kernel_costs``).
+    """
     if curve is None:
         return None
     module, _, attr = tensor.rpartition(".")
     if attr != "weight" or not _is_linear(tree, module):
         return None
-    return curve.seconds(nbytes, _dtype_name(tree, module))
+    dtype = _dtype_name(tree, module)
+    if kind == "plain":
+        return curve.seconds(nbytes, dtype)
+    plain = tree.node(module).param_count * _DTYPE_BYTES.get(dtype, 2)
+    seconds = curve.seconds(plain, dtype) if plain > 0 else None
+    if seconds is None or costs is None:
+        return None
+    return seconds * nbytes / plain / costs.efficiency("cpu", kind)
 
 
 def _is_linear(tree: ModuleTree, module: str) -> bool:
