@@ -57,7 +57,8 @@ repeated to the heads, B times its decay), four ``B * T' * heads * 4`` (A dt, it
 decays to a chunk's end and from its start), ``(c + 2)`` states (the zero initial one and one per
 chunk boundary) and ``dt``, plus the input projection and the convolution's output; one decode
 step five state-sized tensors (``exp(dt A)``, ``dt B``, ``dt B x``, the decayed and the new
-state; Mamba also ``A``); other scans ``3 * B * T * conv_channels * s``, a rough figure. In
+state; Mamba also ``A``), and with transformers 5.25 or later the copy of the state the step
+updates (Mamba: and ``exp(A_log)`` beside ``A``); other scans ``3 * B * T * conv_channels * s``, a rough figure. In
 Bamba and Falcon-H1 the layer loop keeps an eager attention layer's probabilities through the
 next layer. MoE layers count the dense MLP width ``I``. The encoder's output is held through
 decode like the cache (not in ``decode_nbytes``).

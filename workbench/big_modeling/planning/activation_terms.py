@@ -7,7 +7,9 @@ workspace of a state-space layer's scan.
 
 from __future__ import annotations
 
+import functools
 import math
+from importlib import metadata
 
 from workbench.big_modeling.planning.attention_kinds import (
     AttentionLayout,
@@ -118,15 +120,29 @@ def attended(layer: LayerAttention, tokens: int, seen: int) -> int:
     return min(seen, layer.window - 1 + tokens)
 
 
+@functools.cache
+def clones_recurrent_state() -> bool:
+    """Whether the installed transformers' Mamba / Mamba 2 decode step works on a copy of the
+    recurrent state (5.25 and later: ``mamba_scan_forward`` clones it, so a cache can record the
+    history), which is one more state-sized tensor at the step's peak."""
+    try:
+        major, minor = (int(part) for part in metadata.version("transformers").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        return True
+    return (major, minor) >= (5, 25)
+
+
 def scan_bytes(state: StateShape, batch: int, tokens: int, nbytes: float) -> float:
     """Workspace of a state-space layer's scan (the torch reference implementations)."""
     if tokens == 1 and state.family in ("mamba", "mamba2"):
         # one recurrent step: exp(dt A), dt B, dt B x, the decayed state and the new state,
-        # each the size of the state; Mamba also forms A = -exp(A_log) (no batch); the
-        # input projection (x and gate)
-        step = 5 * batch * math.prod(state.recurrent) * nbytes
+        # each the size of the state (transformers 5.25+: and the copy the step updates);
+        # Mamba also forms A = -exp(A_log) (no batch; 5.25+: exp's result lives while it is
+        # negated); the input projection (x and gate)
+        states = 6 if clones_recurrent_state() else 5
+        step = states * batch * math.prod(state.recurrent) * nbytes
         if state.family == "mamba":
-            step += math.prod(state.recurrent) * nbytes
+            step += (2 if clones_recurrent_state() else 1) * math.prod(state.recurrent) * nbytes
         return step + 2 * batch * state.conv_channels * nbytes
     if state.family == "mamba":
         # discretised A, discretised B, B times the input, and one in flight
