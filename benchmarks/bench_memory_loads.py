@@ -25,8 +25,11 @@ in a note (``runtime.c_heap``). ``WORKBENCH_MMAP_THRESHOLD=131072`` fixes the wo
 (every block above 128 KiB goes back to the system when it is freed) to compare the memory model
 with the tensors alone; it costs decode speed (``benchmarks/bench_heap_threshold.py``).
 
+``--quantize nf4,int8`` loads each map quantized to each precision instead (the ``dtype`` column
+names it): the runs add the 4-bit weights' dequantize buffer to the CPU's reserve.
+
     python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
-        [--prompt-repeat 22]
+        [--prompt-repeat 22] [--quantize nf4,int8]
 """
 
 from __future__ import annotations
@@ -97,15 +100,22 @@ def cpu_disk_map(model: nn.Module) -> dict[str, str]:
 
 
 def run_case(
-    source: Path, map_file: Path | None, dtype: str | None, tokens: int, prompt: str = PROMPT
+    source: Path,
+    map_file: Path | None,
+    dtype: str | None,
+    tokens: int,
+    prompt: str = PROMPT,
+    quantize: str | None = None,
 ) -> dict[str, Any]:
-    """``workbench run --json`` in a fresh process; its JSON report."""
+    """``workbench run --json`` in a fresh process (``--quantize`` when given); its report."""
     command = [sys.executable, "-m", "workbench", "run", str(source), "--prompt", prompt]
     command += ["--max-new-tokens", str(tokens), "--json"]
     if map_file is not None:
         command += ["--device-map", str(map_file)]
     if dtype is not None:
         command += ["--dtype", dtype]
+    if quantize is not None:
+        command += ["--quantize", quantize]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr[-3000:]}")
@@ -160,7 +170,14 @@ def main() -> int:
         default=1,
         help="the prompt this many times over (22: about 400 tokens of the demos' tokenizer)",
     )
+    parser.add_argument(
+        "--quantize",
+        default="",
+        help="comma-separated precisions (nf4,int8,int4-g64): each map loaded quantized to "
+        "each, instead of as stored and float32",
+    )
     args = parser.parse_args()
+    cases = [(None, p) for p in args.quantize.split(",") if p] or [(None, None), ("float32", None)]
     prompt = " ".join([PROMPT] * args.prompt_repeat)
     rows: list[tuple] = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-loads-") as scratch:
@@ -175,11 +192,11 @@ def main() -> int:
             map_file = root / f"{name}-cpu-disk.json"
             map_file.write_text(json.dumps(cpu_disk_map(open_model(source).model)))
             for map_name, path in (("cpu", None), ("cpu+disk", map_file)):
-                for dtype in (None, "float32"):
-                    report = run_case(source, path, dtype, args.max_new_tokens, prompt)
-                    found = table_rows(name, map_name, dtype or "as stored", report)
-                    rows.extend(found)
-                    print(f"{name} {map_name} {dtype or 'as stored'}: done", file=sys.stderr)
+                for dtype, quantize in cases:
+                    report = run_case(source, path, dtype, args.max_new_tokens, prompt, quantize)
+                    label = quantize or dtype or "as stored"
+                    rows.extend(table_rows(name, map_name, label, report))
+                    print(f"{name} {map_name} {label}: done", file=sys.stderr)
     if args.prompt_repeat > 1:
         print(f"prompt: {PROMPT!r} x {args.prompt_repeat}\n")
     print("| " + " | ".join(COLUMNS) + " |")
