@@ -18,7 +18,12 @@ from workbench.models.hardware import (
     with_host_probes,
 )
 from workbench.models.kernel_costs import DOCUMENTED_CPU, KernelCosts
-from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve, measure_matmul_curve
+from workbench.models.matmul_probe import (
+    MatmulCurve,
+    cached_matmul_curve,
+    measure_matmul_curve,
+    measure_prefill_flops,
+)
 from workbench.models.probe_process import run_probe_process
 from workbench.models.speed import predict_speed
 from workbench.models.tree import build_module_tree
@@ -28,6 +33,7 @@ CURVE = MatmulCurve(
     points={"float16": [[1e6, 1e-4], [4e6, 2e-4]], "float32": [[1000, 1e-5], [3000, 2e-5]]},
     threads=2,
     measured_at=0.0,
+    prefill_flops={"float16": 2e10, "float32": 1e11},
 )
 
 
@@ -60,6 +66,41 @@ def test_the_curve_is_cached_per_machine(tmp_path: Path, monkeypatch) -> None:
     profile = detect_hardware(measure_links=False, measure_host_probes=False)
     assert profile.cpu_matmul_curve == CURVE
     assert "CPU matmuls timed by weight size" in profile.description
+
+
+def test_a_curve_cached_before_the_prefill_probe_is_measured_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    old = replace(CURVE, prefill_flops={})
+    assert cached_matmul_curve(lambda: old) is None  # measured, but still without it
+    assert cached_matmul_curve(measure_if_missing=False) is None
+    assert cached_matmul_curve(lambda: CURVE) == CURVE
+    assert cached_matmul_curve(measure_if_missing=False) == CURVE
+
+
+def test_the_prefill_probe_times_real_matmuls_per_dtype() -> None:
+    rates = measure_prefill_flops(("float32", "bfloat16"), rows=16, side=128, repeats=1)
+    assert set(rates) == {"float32", "bfloat16"} and all(rate > 0 for rate in rates.values())
+
+
+def test_a_cpu_prefill_runs_at_the_probes_rate_for_its_dtype() -> None:
+    # nominal peaks say nothing of a CPU's bf16 prefill: this project's AVX2 CPU has no bf16
+    # arithmetic (SmolLM2-135M's 110-token prefill: 1.70 s measured, 0.17 s from its TFLOP/s)
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1000, 1000, bias=False), nn.LayerNorm(1000))
+    tree = build_module_tree(model, dtype=torch.float16)
+    base = replace(load_profile("cpu-laptop-16gb"), module_call_us=0.0, forward_call_us=0.0)
+    timed = predict_speed(
+        tree, {"": "cpu"}, replace(base, cpu_matmul_curve=CURVE), prompt_tokens=500
+    ).per_layer
+    # 2 x 1e6 weights x 500 tokens at the probe's 2e10 FLOP/s for float16
+    assert timed[0].prefill_compute_s == pytest.approx(2e6 * 500 / 2e10)
+    nominal = predict_speed(tree, {"": "cpu"}, base, prompt_tokens=500).per_layer
+    flops = base.device("cpu").compute_tflops * 1e12 * 0.5
+    assert nominal[0].prefill_compute_s == pytest.approx(
+        max(2e6 * 500 / flops, 2e6 / (base.device("cpu").memory_bandwidth_gbps * 1e9 * 0.8))
+    )
 
 
 def test_a_profile_file_carries_the_curve() -> None:

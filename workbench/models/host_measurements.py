@@ -3,7 +3,8 @@
 The detected profile's speed figures rest on three probes, each measured once per machine and
 cached under the CPU, the thread count and the library versions: the host's cost per module
 call and per forward (``dispatch_probe``), the CPU's one-token matmul time by weight size
-(``matmul_probe``) and its quantized kernels' read rates (``device_probe.cached_cpu_kernels``).
+and prefill FLOP/s per dtype (``matmul_probe``) and its quantized kernels' read rates
+(``device_probe.cached_cpu_kernels``).
 A first measurement taken while the machine was busy stays until it is taken again:
 ``measure_host_again`` measures all three now (the first two in fresh processes; 10 to 40 s
 on two cores), each replacing the earlier figure as it finishes, so a stopped measurement
@@ -57,7 +58,14 @@ class HostMeasurements:
                 for dtype in sorted(self.matmul_curve.points)
                 if (seconds := self.matmul_curve.seconds(_CURVE_EXAMPLE_BYTES, dtype)) is not None
             ]
-            out.append(f"cpu matmul curve: a 1 MiB weight takes {', '.join(times)}")
+            line = f"cpu matmul curve: a 1 MiB weight takes {', '.join(times)}"
+            if self.matmul_curve.prefill_flops:
+                rates = ", ".join(
+                    f"{dtype} {rate / 1e9:.1f}"
+                    for dtype, rate in sorted(self.matmul_curve.prefill_flops.items())
+                )
+                line += f"; a 128-token prefill runs at {rates} GFLOP/s"
+            out.append(line)
         if self.cpu_kernels is None:
             out.append("cpu kernels: not measured (see the log); typical efficiencies are used")
         else:

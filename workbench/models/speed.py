@@ -34,7 +34,8 @@ its size and dtype instead of ``W_t / (M * mbu)``: small weights never reach the
 quantized one is read in ``curve(P_t) x W_t / P_t / eff(cpu, p_t)``, ``P_t`` its 16-bit bytes:
 its kernel's efficiency is measured against that 16-bit kernel, not the nominal bandwidth
 (bitsandbytes' nf4 on this project's 2-core CPU: 6.77 tok/s measured on SmolLM2-135M, 23.7
-predicted against the nominal bandwidth).
+predicted against the nominal bandwidth). The curve's ``prefill_flops`` (a 128-token matmul's
+FLOP/s per dtype, measured with it) replaces ``F * mfu`` in a CPU layer's prefill compute.
 
 ``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
 ``forward_call_us`` (``dispatch_probe``: measured on this machine, typical elsewhere); the
@@ -301,8 +302,9 @@ def predict_speed(
         decode_compute_s = _with_dispatch(
             max(flops / flops_per_s, weight_read_s), dispatch_s, execution
         )
+        prefill_rate = _prefill_rate(tree, unit, curve) or flops_per_s
         prefill_compute_s = _with_dispatch(
-            max(flops * prompt_tokens / flops_per_s, weight_read_s), dispatch_s, execution
+            max(flops * prompt_tokens / prefill_rate, weight_read_s), dispatch_s, execution
         )
         time_s = max(transfer_s, decode_compute_s) if prefetch else transfer_s + decode_compute_s
         layers.append(
@@ -372,6 +374,19 @@ def _tensor_kind(
 
 
 _DTYPE_BYTES = {"float32": 4, "float64": 8}  # per parameter; 16-bit dtypes otherwise
+
+
+def _prefill_rate(tree: ModuleTree, unit: ModuleNode, curve: MatmulCurve | None) -> float | None:
+    """The FLOP/s the CPU's matmul probe measured for a prefill in ``unit``'s dtype (``None``:
+    no curve, or none for that dtype: the nominal TFLOP/s decide)."""
+    if curve is None or not curve.prefill_flops:
+        return None
+    if tree.planning_dtype is not None:
+        dtype = str(tree.planning_dtype).removeprefix("torch.")
+    else:
+        per_param = unit.nbytes / unit.param_count if unit.param_count else 2
+        dtype = "float32" if per_param >= 4 else "bfloat16"
+    return curve.prefill_flops.get(dtype)
 
 
 def _curve_seconds(
