@@ -34,6 +34,7 @@ CURVE = MatmulCurve(
     threads=2,
     measured_at=0.0,
     prefill_flops={"float16": 2e10, "float32": 1e11},
+    transposed_points={"float16": [[1e6, 1e-3], [4e6, 4e-3]]},
 )
 
 
@@ -77,6 +78,23 @@ def test_a_curve_cached_before_the_prefill_probe_is_measured_again(
     assert cached_matmul_curve(measure_if_missing=False) is None
     assert cached_matmul_curve(lambda: CURVE) == CURVE
     assert cached_matmul_curve(measure_if_missing=False) == CURVE
+
+
+def test_a_conv1d_weight_is_read_on_the_curve_of_its_in_out_layout() -> None:
+    # GPT-2's Conv1D stores (in, out) and runs x @ W, which this project's CPU runs 24x
+    # slower than linear in float16
+    from transformers.pytorch_utils import Conv1D
+
+    with torch.device("meta"):
+        model = nn.Sequential(Conv1D(1000, 1000), nn.Linear(1000, 1000, bias=False))
+    tree = build_module_tree(model, dtype=torch.float16)
+    base = replace(load_profile("cpu-laptop-16gb"), module_call_us=0.0, forward_call_us=0.0)
+    layers = predict_speed(tree, {"": "cpu"}, replace(base, cpu_matmul_curve=CURVE)).per_layer
+    # the 2,000,000 B weight: 1e-3 s + (1e6 / 3e6) x 3e-3 s on the (in, out) curve (its bias's
+    # 2,000 B are read at the bandwidth); the Linear on the linear curve
+    assert layers[0].compute_s == pytest.approx(1e-3 + 1e-3, rel=1e-4)
+    assert layers[1].compute_s == pytest.approx(1e-4 + 1e-4 / 3)
+    assert CURVE.seconds(2_000_000, "float32", transposed=True) is None  # no points
 
 
 def test_the_prefill_probe_times_real_matmuls_per_dtype() -> None:

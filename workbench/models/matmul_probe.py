@@ -14,7 +14,7 @@ runs on the CPU in the time this curve gives for its bytes and dtype:
 Measured (``measure_matmul_curve``) as the CPU kernel probe does (``device_probe``): a
 ``(1, in)`` activation through square weights of each size and dtype, each timed matmul after
 a 64 MiB cache flush (decode reads weights from memory), rounds round-robin over the sizes,
-each point the best of its rounds. About two seconds; cached per CPU, thread count and
+each point the best of its rounds. About four seconds; cached per CPU, thread count and
 library versions in ``<cache dir>/cpu-matmul-curve.json``.
 
 The same probe times a prefill's matmul per dtype, ``PREFILL_ROWS`` tokens through a
@@ -23,6 +23,12 @@ model's prefill compute on the CPU. Nominal peaks say nothing of it: this projec
 CPU, which has no bfloat16 arithmetic, ran SmolLM2-135M's 110-token bf16 prefill in 1.70 s,
 where 0.5 TFLOP/s at 50% utilisation predicted 0.17 s. A cache entry from before this figure
 is measured again.
+
+And it times the same weights stored input-major, ``(in, out)``, as ``x @ W`` (``addmm``:
+``transformers``' ``Conv1D``, GPT-2's layers), ``transposed_points``: in bfloat16 and float16
+this CPU's kernels take 12-24x the ``linear`` time for that layout (a 768 x 3072 float16
+weight: 5.5 ms against 0.23 ms; float32 alike), which made GPT-2's decode 4.7x slower than
+predicted.
 
 Example:
     >>> curve = cached_matmul_curve()  # doctest: +SKIP
@@ -75,17 +81,25 @@ class MatmulCurve:
         threads: torch intra-op threads during the measurement.
         measured_at: UNIX time of the measurement.
         prefill_flops: ``{dtype name: FLOP/s}`` of a ``PREFILL_ROWS``-token matmul.
+        transposed_points: ``points`` for weights stored ``(in, out)``, read by ``x @ W``.
     """
 
     points: dict[str, list[list[float]]]
     threads: int
     measured_at: float
     prefill_flops: dict[str, float] = field(default_factory=dict)
+    transposed_points: dict[str, list[list[float]]] = field(default_factory=dict)
 
-    def seconds(self, nbytes: int, dtype: str) -> float | None:
-        """The curve's seconds for one matmul reading ``nbytes`` of ``dtype`` weight;
-        ``None`` for a dtype it has no points for."""
-        points = self.points.get(dtype)
+    @property
+    def complete(self) -> bool:
+        """Whether it has every figure this version measures (an older cache entry lacks
+        some: it is measured again)."""
+        return bool(self.points and self.prefill_flops and self.transposed_points)
+
+    def seconds(self, nbytes: int, dtype: str, *, transposed: bool = False) -> float | None:
+        """The curve's seconds for one matmul reading ``nbytes`` of ``dtype`` weight
+        (``transposed``: stored ``(in, out)``); ``None`` for a dtype it has no points for."""
+        points = (self.transposed_points if transposed else self.points).get(dtype)
         if not points or nbytes <= 0:
             return None if not points else 0.0
         first_bytes, first_s = points[0]
@@ -117,7 +131,7 @@ def measure_matmul_curve(
     from torch.nn.functional import linear  # noqa: PLC0415
 
     generator = torch.Generator().manual_seed(0)
-    cases: list[tuple[str, int, list[torch.Tensor], torch.Tensor]] = []
+    cases: list[tuple[str, bool, int, list[torch.Tensor], torch.Tensor]] = []
     for name in dtypes:
         dtype = to_dtype(name)
         element = torch.empty((), dtype=dtype).element_size()
@@ -128,29 +142,42 @@ def measure_matmul_curve(
                 for _ in range(weights)
             ]
             activation = torch.randn(1, side, generator=generator).to(dtype)
-            cases.append((name, side * side * element, tensors, activation))
+            cases.append((name, False, side * side * element, tensors, activation))
+            # (in, out) storage, read as x @ W: one weight (slow kernels: up to 80 ms a call)
+            stored = [tensors[0].t().contiguous()]
+            cases.append((name, True, side * side * element, stored, activation))
     flush = torch.empty(64 * MIB, dtype=torch.uint8)
-    best = [[math.inf] * weights for _ in cases]
+    best = [[math.inf] * len(tensors) for _, _, _, tensors, _ in cases]
+
+    def run(transposed: bool, activation: torch.Tensor, weight: torch.Tensor) -> None:
+        if transposed:
+            torch.matmul(activation, weight)
+        else:
+            linear(activation, weight)
+
     with torch.inference_mode():
-        for _, _, tensors, activation in cases:  # warm-up: first-call kernel set-up
+        for _, transposed, _, tensors, activation in cases:  # warm-up: first-call set-up
             for weight in tensors:
-                linear(activation, weight)
+                run(transposed, activation, weight)
         for round_index in range(repeats):
-            for case_index, (_, _, tensors, activation) in enumerate(cases):
+            for case_index, (_, transposed, _, tensors, activation) in enumerate(cases):
                 for index, weight in enumerate(tensors):
                     flush.fill_(round_index)
                     start = time.perf_counter()
-                    linear(activation, weight)
+                    run(transposed, activation, weight)
                     seconds = time.perf_counter() - start
                     best[case_index][index] = min(best[case_index][index], seconds)
     points: dict[str, list[list[float]]] = {}
-    for (name, nbytes, _, _), times in zip(cases, best, strict=True):
-        points.setdefault(name, []).append([float(nbytes), sum(times) / len(times)])
+    transposed_points: dict[str, list[list[float]]] = {}
+    for (name, transposed, nbytes, _, _), times in zip(cases, best, strict=True):
+        table = transposed_points if transposed else points
+        table.setdefault(name, []).append([float(nbytes), sum(times) / len(times)])
     return MatmulCurve(
         points=points,
         threads=torch.get_num_threads(),
         measured_at=time.time(),
         prefill_flops=measure_prefill_flops(dtypes, repeats=repeats),
+        transposed_points=transposed_points,
     )
 
 
@@ -208,7 +235,7 @@ def cached_matmul_curve(
     ``measure_matmul_curve``), written to the cache; ``None`` when nothing is cached and
     ``measure_if_missing`` is false or the measurement fails (the speed model then uses the
     CPU's bandwidth alone). ``again``: measured now, in place of the cached entry. An entry
-    without ``prefill_flops`` (cached before that figure) counts as missing."""
+    that is not ``complete`` (cached before some figure existed) counts as missing."""
     curve: MatmulCurve | None = None
     for remeasure in (again, True):
         curve = cached_probe(
@@ -221,9 +248,9 @@ def cached_matmul_curve(
             again=remeasure,
             what="CPU matmul curve",
         )
-        if curve is None or curve.prefill_flops or not measure_if_missing:
+        if curve is None or curve.complete or not measure_if_missing:
             break
-    return curve if curve is None or curve.prefill_flops else None
+    return curve if curve is None or curve.complete else None
 
 
 if __name__ == "__main__":

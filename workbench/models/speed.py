@@ -35,7 +35,8 @@ quantized one is read in ``curve(P_t) x W_t / P_t / eff(cpu, p_t)``, ``P_t`` its
 its kernel's efficiency is measured against that 16-bit kernel, not the nominal bandwidth
 (bitsandbytes' nf4 on this project's 2-core CPU: 6.77 tok/s measured on SmolLM2-135M, 23.7
 predicted against the nominal bandwidth). The curve's ``prefill_flops`` (a 128-token matmul's
-FLOP/s per dtype, measured with it) replaces ``F * mfu`` in a CPU layer's prefill compute.
+FLOP/s per dtype, measured with it) replaces ``F * mfu`` in a CPU layer's prefill compute. A
+``Conv1D`` weight (GPT-2), stored ``(in, out)``, is read on the curve measured for that layout.
 
 ``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
 ``forward_call_us`` (``dispatch_probe``: measured on this machine, typical elsewhere); the
@@ -410,10 +411,11 @@ def _curve_seconds(
     if attr != "weight" or not _is_linear(tree, module):
         return None
     dtype = _dtype_name(tree, module)
+    transposed = tree.node(module).class_name == "Conv1D"  # (in, out) storage, x @ W
     if kind == "plain":
-        return curve.seconds(nbytes, dtype)
+        return curve.seconds(nbytes, dtype, transposed=transposed)
     plain = tree.node(module).param_count * _DTYPE_BYTES.get(dtype, 2)
-    seconds = curve.seconds(plain, dtype) if plain > 0 else None
+    seconds = curve.seconds(plain, dtype, transposed=transposed) if plain > 0 else None
     if seconds is None or costs is None:
         return None
     return seconds * nbytes / plain / costs.efficiency("cpu", kind)
