@@ -236,21 +236,23 @@ def cached_matmul_curve(
     ``measure_if_missing`` is false or the measurement fails (the speed model then uses the
     CPU's bandwidth alone). ``again``: measured now, in place of the cached entry. An entry
     that is not ``complete`` (cached before some figure existed) counts as missing."""
-    curve: MatmulCurve | None = None
-    for remeasure in (again, True):
-        curve = cached_probe(
+
+    def probe(again: bool) -> MatmulCurve | None:
+        return cached_probe(
             cache_path or matmul_curve_cache_path(),
             "machines",
             cpu_kernel_cache_key(),
             MatmulCurve,
             measure or measure_matmul_curve_apart,
             measure_if_missing=measure_if_missing,
-            again=remeasure,
+            again=again,
             what="CPU matmul curve",
         )
-        if curve is None or curve.complete or not measure_if_missing:
-            break
-    return curve if curve is None or curve.complete else None
+
+    curve = probe(again)
+    if curve is not None and not curve.complete and measure_if_missing:
+        curve = probe(True)
+    return curve if curve is not None and curve.complete else None
 
 
 if __name__ == "__main__":

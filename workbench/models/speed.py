@@ -87,6 +87,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench.big_modeling.device_map.value import DeviceMap
+from workbench.big_modeling.dtypes import to_dtype
 from workbench.big_modeling.errors import DeviceMapError
 from workbench.big_modeling.quantization.sizes import precision_of
 from workbench.models.hardware import HardwareProfile
@@ -374,20 +375,12 @@ def _tensor_kind(
     return kind
 
 
-_DTYPE_BYTES = {"float32": 4, "float64": 8}  # per parameter; 16-bit dtypes otherwise
-
-
 def _prefill_rate(tree: ModuleTree, unit: ModuleNode, curve: MatmulCurve | None) -> float | None:
     """The FLOP/s the CPU's matmul probe measured for a prefill in ``unit``'s dtype (``None``:
     no curve, or none for that dtype: the nominal TFLOP/s decide)."""
     if curve is None or not curve.prefill_flops:
         return None
-    if tree.planning_dtype is not None:
-        dtype = str(tree.planning_dtype).removeprefix("torch.")
-    else:
-        per_param = unit.nbytes / unit.param_count if unit.param_count else 2
-        dtype = "float32" if per_param >= 4 else "bfloat16"
-    return curve.prefill_flops.get(dtype)
+    return curve.prefill_flops.get(_dtype_name(tree, unit.name))
 
 
 def _curve_seconds(
@@ -414,7 +407,7 @@ def _curve_seconds(
     transposed = tree.node(module).class_name == "Conv1D"  # (in, out) storage, x @ W
     if kind == "plain":
         return curve.seconds(nbytes, dtype, transposed=transposed)
-    plain = tree.node(module).param_count * _DTYPE_BYTES.get(dtype, 2)
+    plain = tree.node(module).param_count * to_dtype(dtype).itemsize
     seconds = curve.seconds(plain, dtype, transposed=transposed) if plain > 0 else None
     if seconds is None or costs is None:
         return None

@@ -29,6 +29,7 @@ from workbench.big_modeling.quantization.sizes import quantized_weight_nbytes
 
 __all__ = [
     "dequantize_buffer_prediction",
+    "is_four_bit",
     "main_device",
     "offload_staging_bytes",
     "predict_run_reserve",
@@ -168,6 +169,15 @@ def offload_staging_bytes(
     return {main: largest} if largest else {}
 
 
+def is_four_bit(precision: str | None) -> bool:
+    """Whether ``precision`` names nf4 or fp4, the bitsandbytes formats that compute with a
+    dense copy (an unknown name is not: where it is used, that says so)."""
+    try:
+        return precision is not None and parse_precision(precision).kind in ("nf4", "fp4")
+    except ValueError:
+        return False
+
+
 def dequantize_buffer_prediction(
     model: nn.Module, precision_map: Mapping[str, str], device_map: Mapping[str, object]
 ) -> dict[str, int]:
@@ -193,11 +203,7 @@ def dequantize_buffer_prediction(
     main = main_device(device_map)
     weights: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
     for name, precision in precision_map.items():
-        try:
-            kind = parse_precision(precision).kind
-        except ValueError:
-            continue
-        if kind not in ("nf4", "fp4"):
+        if not is_four_bit(precision):
             continue
         placed = device_for(name, device_map)
         label = main if placed is None else device_label(placed)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 import torch
 
 from workbench.big_modeling import PlanResult, estimate_activation_reserve, plan_device_map
-from workbench.big_modeling.device_map.value import device_for
+from workbench.big_modeling.devices import device_label
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.planning.attention_kinds import (
     AttentionKindWarning,
@@ -42,10 +42,9 @@ from workbench.big_modeling.planning.device_reserve import (
 )
 from workbench.big_modeling.planning.kv_cache import ENGINES, default_context, kv_cache_per_layer
 from workbench.big_modeling.planning.sizes import format_nbytes
-from workbench.big_modeling.quantization.bnb4_cpu import dequantize_buffer_nbytes
 from workbench.big_modeling.quantization.keep_high_precision import default_keep_high_precision
-from workbench.big_modeling.quantization.precisions import parse_precision
 from workbench.big_modeling.quantization.sizes import QuantizableWeights, precision_of
+from workbench.runtime.memory_prediction import dequantize_buffer_prediction, is_four_bit
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
@@ -196,7 +195,7 @@ def device_reserves(
     the last layer). ``DeviceReserve.why`` says it in words, naming the prefill when it is a
     chunk of the context. With nf4/fp4 weights in ``precision_map`` (``{module prefix:
     precision}``), a device also keeps the dense copy of the largest one it runs
-    (``dequantize_reserves``).
+    (``memory_prediction.dequantize_buffer_prediction``, as a run's reconciliation counts it).
 
     Returns:
         ``{device-map device: DeviceReserve}`` for each device that runs decoder layers.
@@ -222,77 +221,44 @@ def device_reserves(
     if prefill != context:
         chunk = f" for {_token_words(prefill)}-token prefill chunks"
         reserves = {d: dataclasses.replace(r, why=r.why + chunk) for d, r in reserves.items()}
-    for device, nbytes in dequantize_reserves(opened, device_map, precision_map or {}).items():
-        if device in reserves:
-            reserve = reserves[device]
+    buffers = dequantize_buffer_prediction(
+        opened.model, _four_bit_modules(opened, precision_map or {}), device_map
+    )
+    for device, reserve in reserves.items():
+        nbytes = buffers.get(device_label(device), 0)
+        if nbytes:
             why = f"{reserve.why}; {format_nbytes(nbytes)} to dequantize its largest 4-bit weight"
             reserves[device] = dataclasses.replace(reserve, dequantize_nbytes=nbytes, why=why)
     return reserves
-
-
-def _is_four_bit(precision: str | None) -> bool:
-    """Whether ``precision`` names nf4 or fp4 (an unknown name is not: its use says so)."""
-    try:
-        return precision is not None and parse_precision(precision).kind in ("nf4", "fp4")
-    except ValueError:
-        return False
 
 
 @dataclass
 class _FourBitCache:
     opened: Any = None
     key: Any = None
-    weights: tuple[tuple[str, tuple[int, int], torch.dtype], ...] = ()
+    modules: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 _FOUR_BIT = _FourBitCache()
 
 
-def _four_bit_weights(
-    opened: OpenedModel, precision_map: Mapping[str, str]
-) -> tuple[tuple[str, tuple[int, int], torch.dtype], ...]:
-    """``(module, (out, in), compute dtype)`` of each weight ``precision_map`` makes nf4/fp4:
-    the Linear and fused-expert weights outside the modules kept in high precision (one entry:
-    the GUI asks for the same model and map on every refresh)."""
+def _four_bit_modules(opened: OpenedModel, precision_map: Mapping[str, str]) -> dict[str, str]:
+    """``{module: precision}`` of the modules ``precision_map`` (by prefix) makes nf4/fp4:
+    Linear and fused-expert weights outside the modules kept in high precision, as a load
+    converts them (one entry: the GUI asks for the same model and map on every refresh)."""
     key = tuple(sorted(precision_map.items()))
     if _FOUR_BIT.opened is opened and _FOUR_BIT.key == key:
-        return _FOUR_BIT.weights
-    found: list[tuple[str, tuple[int, int], torch.dtype]] = []
-    if any(_is_four_bit(precision) for precision in precision_map.values()):
+        return _FOUR_BIT.modules
+    modules: dict[str, str] = {}
+    if any(is_four_bit(precision) for precision in precision_map.values()):
         kept = [n for n in default_keep_high_precision(opened.model) if n not in precision_map]
-        dtype = planning_dtype(opened)
-        shapes = QuantizableWeights.of(opened.model, kept).shapes
-        for tensor, (rows, columns, own) in shapes.items():
+        for tensor in QuantizableWeights.of(opened.model, kept).shapes:
             module = tensor.rpartition(".")[0]
-            if _is_four_bit(precision_of(module, precision_map)):
-                found.append((module, (rows, columns), dtype or own))
-    _FOUR_BIT.opened, _FOUR_BIT.key, _FOUR_BIT.weights = opened, key, tuple(found)
-    return _FOUR_BIT.weights
-
-
-def dequantize_reserves(
-    opened: OpenedModel, device_map: Mapping[str, Any], precision_map: Mapping[str, str]
-) -> dict[Any, int]:
-    """Room for the nf4/fp4 weights' dense copies per device that runs them, keyed like the
-    map (``memory_prediction.dequantize_buffer_prediction``'s arithmetic for a plan: per
-    compute dtype, the largest weight's bytes; cpu and disk modules run on the map's first
-    GPU, else the CPU).
-
-    Example:
-        >>> dequantize_reserves(opened, {"": 0}, {"model.layers": "nf4"})  # doctest: +SKIP
-        {0: 117440512}
-    """
-    weights = _four_bit_weights(opened, precision_map) if precision_map else ()
-    if not weights:
-        return {}
-    gpus = sorted(d for d in device_map.values() if isinstance(d, int))
-    main: Any = gpus[0] if gpus else "cpu"
-    by_device: dict[Any, list[tuple[tuple[int, int], torch.dtype]]] = {}
-    for module, shape, dtype in weights:
-        placed = device_for(module, device_map)
-        runs_on = main if placed is None or placed in ("cpu", "disk") else placed
-        by_device.setdefault(runs_on, []).append((shape, dtype))
-    return {device: dequantize_buffer_nbytes(shapes) for device, shapes in by_device.items()}
+            precision = precision_of(module, precision_map)
+            if is_four_bit(precision):
+                modules[module] = str(precision)
+    _FOUR_BIT.opened, _FOUR_BIT.key, _FOUR_BIT.modules = opened, key, modules
+    return modules
 
 
 def layer_cache_charges(opened: OpenedModel, options: MemoryOptions) -> dict[str, int]:

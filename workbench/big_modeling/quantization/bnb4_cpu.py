@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import weakref
 from collections.abc import Iterable
@@ -98,8 +99,10 @@ def release_dequantize_buffers() -> None:
         owner.by_dtype.clear()
 
 
+@functools.cache
 def _native_kernel(quant_type: str, dtype: torch.dtype) -> Any:
-    """bitsandbytes' native CPU dequantize function for this format and dtype, or ``None``."""
+    """bitsandbytes' native CPU dequantize function for this format and dtype, or ``None``
+    (looked up once: every 4-bit CPU matmul asks)."""
     try:
         from bitsandbytes.cextension import ErrorHandlerMockBNBNativeLibrary, lib  # noqa: PLC0415 (optional and heavy)
     except ImportError:
@@ -113,13 +116,19 @@ def _native_kernel(quant_type: str, dtype: torch.dtype) -> Any:
 def _float_absmax(weight: Any) -> torch.Tensor:
     """The per-block scales as float32 (a nested weight's dequantized first, as bitsandbytes'
     ``dequantize_4bit`` does)."""
-    state = weight.quant_state()
-    absmax = state.absmax
-    if state.nested:
-        from bitsandbytes import functional  # noqa: PLC0415 (optional and heavy)
+    if not weight.nested:
+        return weight.absmax.float().contiguous()
+    from bitsandbytes import functional  # noqa: PLC0415 (optional and heavy)
 
-        absmax = functional.dequantize_blockwise(state.absmax, state.state2) + state.offset
-    return absmax.float().contiguous()
+    state = weight.quant_state()
+    return (functional.dequantize_blockwise(state.absmax, state.state2) + state.offset).float()
+
+
+@functools.cache
+def _avx512() -> bool:
+    """Whether torch dispatches to AVX-512 here (bitsandbytes' CPU op then computes blocks of
+    2048 or more in torch)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def dequantize_4bit_into(weight: Any, out: torch.Tensor) -> torch.Tensor:
@@ -130,10 +139,7 @@ def dequantize_4bit_into(weight: Any, out: torch.Tensor) -> torch.Tensor:
     fallback = (
         kernel is None
         or columns % 2
-        or (
-            torch.backends.cpu.get_cpu_capability() == "AVX512"
-            and weight.blocksize >= _AVX512_FALLBACK_BLOCKSIZE
-        )
+        or (_avx512() and weight.blocksize >= _AVX512_FALLBACK_BLOCKSIZE)
     )
     if fallback:
         return out.copy_(weight.dequantize())
