@@ -74,8 +74,10 @@ class Events:
 
     def final(self, request_id: int) -> Any:
         return self.wait_for(
-            lambda e: type(e).__name__ in ("Result", "Failed")
-            and getattr(e, "request_id", None) == request_id
+            lambda e: (
+                type(e).__name__ in ("Result", "Failed")
+                and getattr(e, "request_id", None) == request_id
+            )
         )
 
 
@@ -162,7 +164,9 @@ def window_cancel_s(demo: Path, repeats: int) -> list[float]:
             run_event_loop_until(lambda: not panels.controller.busy, WAIT_S)
             seconds.append(time.perf_counter() - start_s)
             if panels.controller.loaded or panels.controller.errors:
-                raise RuntimeError(f"the cancel did not leave the window idle: {panels.controller.errors}")
+                raise RuntimeError(
+                    f"the cancel did not leave the window idle: {panels.controller.errors}"
+                )
     finally:
         panels.bridge.progress.disconnect(on_progress)
         window.close()

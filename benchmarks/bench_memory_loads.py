@@ -47,7 +47,9 @@ from torch import nn
 from workbench.models import make_demo, open_model
 
 ARCHS = ("llama", "gpt2", "bert")
-SMOLLM2 = Path.home() / ".cache/model-memory-workbench/gguf/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f"
+SMOLLM2 = (
+    Path.home() / ".cache/model-memory-workbench/gguf/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f"
+)
 TARGET = 0.05
 PROMPT = "The capital of France is"
 COLUMNS = (
@@ -85,7 +87,9 @@ def cpu_disk_map(model: nn.Module) -> dict[str, str]:
             full = f"{prefix}.{name}" if prefix else name
             if full == layers:
                 count = len(child)
-                out.update({f"{full}.{i}": "disk" if i >= count // 2 else "cpu" for i in range(count)})
+                out.update(
+                    {f"{full}.{i}": "disk" if i >= count // 2 else "cpu" for i in range(count)}
+                )
             elif layers.startswith(f"{full}."):
                 place(full, child)
             else:

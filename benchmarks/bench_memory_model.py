@@ -184,9 +184,7 @@ def run_case(
     )
 
 
-def _second_chunk(
-    model: torch.nn.Module, config: object, impl: str, batch: int, chunk: int
-) -> str:
+def _second_chunk(model: torch.nn.Module, config: object, impl: str, batch: int, chunk: int) -> str:
     """``"pred / meas (error)"`` of a prefill's second chunk, or ``"-"`` when the model's
     cache takes no chunk after a prefill."""
     try:

@@ -53,7 +53,11 @@ def tiny_configs(sliding_window: int = 5) -> dict[str, tuple[object, type]]:
         ),
         "gemma2-layer-types": (
             tf.Gemma2Config(
-                **SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, sliding_window=sliding_window
+                **SMALL,
+                num_hidden_layers=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                sliding_window=sliding_window,
             ),
             tf.Gemma2ForCausalLM,
         ),

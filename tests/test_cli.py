@@ -63,7 +63,15 @@ def test_inspect_plan_and_make_demo_never_touch_the_network(tmp_path: Path) -> N
         ["inspect", str(folder)],
         ["inspect", "gpt2", "--depth", "1"],
         ["inspect", "--list"],
-        ["plan", str(folder), "--max-memory", "cpu=1MiB", "disk=1GiB", "--no-reserve", "--emit-code"],
+        [
+            "plan",
+            str(folder),
+            "--max-memory",
+            "cpu=1MiB",
+            "disk=1GiB",
+            "--no-reserve",
+            "--emit-code",
+        ],
         ["plan", "llama-3.1-8b", "--profile", "rtx4090-64gb", "--json"],
     ]
     script = f"""

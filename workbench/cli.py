@@ -88,7 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_guarded(args.func, args)
 
 
-
 def looks_like_source(word: str) -> bool:
     """True for a word that names something to open rather than a subcommand: an existing
     file or folder, a path with a separator, a ``.json`` name, ``hf-cache:REPO`` or a

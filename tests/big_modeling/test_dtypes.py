@@ -39,7 +39,9 @@ ALL_TORCH_DTYPES = sorted(
         (torch.float16, torch.float16),
     ],
 )
-def test_names_and_aliases_parse_to_the_dtype(text: str | torch.dtype, expected: torch.dtype) -> None:
+def test_names_and_aliases_parse_to_the_dtype(
+    text: str | torch.dtype, expected: torch.dtype
+) -> None:
     assert to_dtype(text) is expected
     assert parse_dtype(text) is expected
     assert lookup_dtype(text) is expected

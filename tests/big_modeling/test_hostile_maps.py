@@ -117,7 +117,9 @@ def test_missing_devices_are_named_with_what_the_machine_has() -> None:
     with pytest.raises(DeviceMapError) as caught:
         check_devices_available({"": "cuda:99", "lm_head": 0, "x": "meta", "y": "disk"})
     message = str(caught.value)
-    assert "puts 3 module(s) on cuda:0, cuda:99, meta, which this machine does not have: " in message
+    assert (
+        "puts 3 module(s) on cuda:0, cuda:99, meta, which this machine does not have: " in message
+    )
     assert "'' -> cuda:99, 'lm_head' -> cuda:0, " in message
     assert "'x' -> meta" in message
     assert "This machine has cpu, disk (no CUDA GPU is visible to torch)" in message

@@ -219,7 +219,11 @@ def test_a_chunked_prefill_counts_its_last_chunk_over_the_whole_context(llama_co
     def peak(past: int) -> int:
         terms = forward_peak_terms(layout, batch=1, tokens=256, past=past, nbytes=2,
                                    attention="eager", logits_to_keep=1)  # fmt: skip
-        return terms["residual"] + terms["mask"] + max(terms[k] for k in ("attention", "mlp", "logits"))
+        return (
+            terms["residual"]
+            + terms["mask"]
+            + max(terms[k] for k in ("attention", "mlp", "logits"))
+        )
 
     reserves = reserve_per_device(llama_config, ["cpu"] * len(layout.layers), context=1024,
                                   prompt_tokens=256, attention="eager", model_dtype="fp16")  # fmt: skip

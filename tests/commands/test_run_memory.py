@@ -13,8 +13,6 @@ from workbench.cli import main
 pytestmark = pytest.mark.slow
 
 
-
-
 def test_run_json_has_predicted_and_measured_per_device(
     cpu_disk_demo: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

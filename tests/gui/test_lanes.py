@@ -169,4 +169,3 @@ def test_ctrl_number_moves_the_selection_to_that_lane(tiny_window, qtbot) -> Non
     qtbot.keyClick(window.tree_view, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)
     assert window.session.device_map["layers.3"] == 1  # lane 2 = cuda:1
     assert [lane.device for lane in window.lanes.lanes] == [0, 1, "cpu", "disk"]
-

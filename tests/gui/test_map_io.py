@@ -264,7 +264,9 @@ def test_plan_then_export_then_import_through_the_gui_gives_an_identical_map(
     assert window.undo_stack.undoText() == "Import map from planned.json"
 
 
-def test_copy_as_code_carries_the_sessions_precision_map(main_window, open_in_window, demo_dir) -> None:
+def test_copy_as_code_carries_the_sessions_precision_map(
+    main_window, open_in_window, demo_dir
+) -> None:
     from workbench.gui.precision_column import push_precision
 
     open_in_window(main_window, demo_dir)

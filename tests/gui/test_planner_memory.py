@@ -222,4 +222,3 @@ def test_restoring_a_session_restores_its_precision_map(
     qtbot.waitUntil(lambda: not window.open_thread.isRunning(), timeout=10_000)
     assert not window.errors, window.errors
     assert window.session.precision_map == {layer: "nf4"} and not window.session.dirty
-

@@ -439,7 +439,9 @@ def test_transfer_plot_heatmap_keeps_every_layer_of_a_deep_model(transfer_plot) 
     names = [f"model.layers.{i}" for i in range(3000)]
     plot.set_layers(names)
     for step in range(70):  # more forwards than steps kept: the oldest leave
-        plot.add_forward([LayerTiming(name, 1e-3 * (step + 1), 1e-3, 10**6, "disk") for name in names])
+        plot.add_forward(
+            [LayerTiming(name, 1e-3 * (step + 1), 1e-3, 10**6, "disk") for name in names]
+        )
     heat = plot.heatmap()
     assert heat.shape == (64, 3000)
     # ms of transfer + compute: step k took k + 2; the newest last, the first six gone

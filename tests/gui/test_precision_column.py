@@ -137,4 +137,3 @@ def test_the_size_column_counts_the_precision(qtbot, precision_window) -> None:
     )
     window.undo_stack.undo()
     assert model.index_of("layers.1", SIZE_COLUMN).data() == before["layers.1"]
-

@@ -93,9 +93,7 @@ def test_command_line_opens_a_saved_session(
         assert_restored(window, saved_session, whatif_config)
         move_then_undo_is_clean(window)
         # sessions are listed apart from the models (File > Recent models > Sessions)
-        assert app_settings.recent_models(app_settings.RECENT_SESSIONS_KEY)[0] == str(
-            saved_session
-        )
+        assert app_settings.recent_models(app_settings.RECENT_SESSIONS_KEY)[0] == str(saved_session)
         assert str(saved_session) not in app_settings.recent_models()
     finally:
         for window in [w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)]:

@@ -48,7 +48,10 @@ def test_tree_context_menu_moves_the_selection_and_is_deleted_when_closed(
     window.tree_view.customContextMenuRequested.emit(position)
     menu = next(m for m in window.findChildren(QMenu) if m.isVisible())
     assert [a.text() for a in menu.actions()] == [
-        "Move to", "Set precision", "Copy name", "Expand all below"
+        "Move to",
+        "Set precision",
+        "Copy name",
+        "Expand all below",
     ]
     move_to = menu.actions()[0].menu()
     assert [a.text() for a in move_to.actions()] == ["cuda:0", "cuda:1", "cpu", "disk"]

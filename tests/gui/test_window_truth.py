@@ -205,9 +205,7 @@ def test_a_run_result_arriving_after_a_model_switch_fills_no_label(
 # -- 3: the load bar and the status bar -------------------------------------------------
 
 
-def test_the_load_bar_is_busy_without_bytes_and_follows_them_while_reading(
-    qtbot, window
-) -> None:
+def test_the_load_bar_is_busy_without_bytes_and_follows_them_while_reading(qtbot, window) -> None:
     panels = window.runtime_panels
     bar = panels.progress_widget.bar
     panels.load_action.trigger()
@@ -246,9 +244,7 @@ def test_a_hovered_action_hint_does_not_cover_the_load_message(qtbot, window) ->
 # -- 4, 5: the chat keeps its height, labels show whole ----------------------------------
 
 
-def test_the_chat_stays_readable_after_run_and_verify_and_labels_are_whole(
-    qtbot, window
-) -> None:
+def test_the_chat_stays_readable_after_run_and_verify_and_labels_are_whole(qtbot, window) -> None:
     window.resize(1440, 900)  # the first-run size on a 1600 x 1000 screen
     panels = window.runtime_panels
     window.bottom_tabs.setCurrentWidget(panels.inference_panel)

@@ -266,9 +266,7 @@ class SessionDocuments(QObject):
             show_error("Cannot restore the session", str(exc))
             return None
         if not saved.source:
-            show_error(
-                "Cannot restore the session", f"{path}: the session names no model (source)"
-            )
+            show_error("Cannot restore the session", f"{path}: the session names no model (source)")
             return None
         if classify_document(saved.source).kind == "session":
             show_error(

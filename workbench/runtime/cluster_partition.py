@@ -77,9 +77,7 @@ def partition_layers(
             return None
         counts, end = [], n
         for s in range(pp - 1, -1, -1):
-            start = max(
-                j for j in range(end) if reach[s][j] and last_end(s, j, limit_s) >= end
-            )
+            start = max(j for j in range(end) if reach[s][j] and last_end(s, j, limit_s) >= end)
             counts.append(end - start)
             end = start
         return counts[::-1]

@@ -292,4 +292,3 @@ def planned_nbytes(session: Any) -> dict[str, int]:
         return {}
     tree = planned_tree(session)
     return {} if tree is None else {node.name: node.nbytes for node in tree.iter_nodes()}
-

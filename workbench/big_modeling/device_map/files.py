@@ -52,6 +52,7 @@ def _listing(names: list[str], limit: int = 20) -> str:
     shown = ", ".join(repr(name) for name in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
+
 def save_device_map(
     path: str | Path,
     device_map: Mapping[str, DeviceValue],

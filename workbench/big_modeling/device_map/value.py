@@ -92,8 +92,7 @@ def normalize_device_map(device_map: Mapping[str, DeviceValue]) -> dict[str, Dev
         listed = ", ".join(entry for entry, _ in bad[:20])
         more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
         raise DeviceMapError(
-            f"device_map has {len(bad)} values that are not devices: {listed}{more} "
-            f"({bad[0][1]})"
+            f"device_map has {len(bad)} values that are not devices: {listed}{more} ({bad[0][1]})"
         )
     return devices
 

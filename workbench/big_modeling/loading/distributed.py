@@ -92,10 +92,7 @@ def broadcast_index(checkpoint: str | os.PathLike[str]) -> CheckpointIndex:
             index = CheckpointIndex.from_path(checkpoint)
             payload[0] = (
                 "ok",
-                [
-                    (i.name, dtype_name(i.dtype), i.shape, i.nbytes)
-                    for i in index.tensors.values()
-                ],
+                [(i.name, dtype_name(i.dtype), i.shape, i.nbytes) for i in index.tensors.values()],
             )
         except CheckpointError as exc:
             payload[0] = ("error", str(exc))

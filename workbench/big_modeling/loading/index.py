@@ -305,4 +305,3 @@ def _escapes_folder(shard: str) -> bool:
         if pure.is_absolute() or pure.anchor or ".." in pure.parts:
             return True
     return False
-

@@ -507,7 +507,9 @@ class PrefixedDataset(Mapping[str, torch.Tensor]):
         return f"PrefixedDataset(prefix={self.prefix!r}, dataset={type(self.dataset).__name__})"
 
 
-def _read_packed(key: str, info: Mapping[str, Any], weights: OffloadedWeightsLoader) -> torch.Tensor:
+def _read_packed(
+    key: str, info: Mapping[str, Any], weights: OffloadedWeightsLoader
+) -> torch.Tensor:
     """A quantized weight (``"torchao"`` entry) rebuilt from its packed inner entries."""
     from workbench.big_modeling.quantization.packed import read_packed_entry  # noqa: PLC0415 (torchao is heavy)
 

@@ -36,6 +36,7 @@ from workbench.runtime.telemetry import summarize_layers
 
 GIB = float(1 << 30)
 
+
 def device_qcolor(device: str | int) -> QColor:
     """Return the colour of ``device`` (or ``"system"``): ``gui.colors``, the tree's and lanes'.
 
