@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from workbench.big_modeling.quantization import bnb4_cpu
-from workbench.big_modeling.quantization.bnb4_cpu import (
-    dequantize_4bit_into,
+from workbench.big_modeling.quantization.bnb4_cpu import dequantize_4bit_into
+from workbench.big_modeling.quantization.dense_buffers import (
     dequantize_buffer_nbytes,
     held_dequantize_buffer_bytes,
     release_dequantize_buffers,

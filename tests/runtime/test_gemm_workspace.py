@@ -81,6 +81,24 @@ def test_disk_offloaded_layers_run_on_the_cpu_and_count() -> None:
     assert GemmCall("linear", 1, 64, 100, False) in calls
 
 
+@pytest.mark.parametrize("precision", ["nf4", "int8", "int4-g64"])
+def test_quantized_weights_that_run_a_dense_matmul_are_replayed_as_one(precision: str) -> None:
+    if precision == "nf4":
+        pytest.importorskip("bitsandbytes", reason="nf4 needs bitsandbytes (dev extra)")
+    from workbench.big_modeling.quantization.backends import quantize_weight
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 64, bias=False))
+    model = model.to(torch.bfloat16)
+    model[0].weight = torch.nn.Parameter(quantize_weight(model[0].weight.data, precision), False)
+    calls = cpu_gemm_calls(model, {"": "cpu"}, prompt_tokens=5, new_tokens=0)
+    plain = GemmCall("linear", 5, 128, 64, False, "bfloat16")
+    if precision == "int4-g64":  # tinygemm's own kernel: not a dense matmul
+        assert calls == (plain,)
+    else:  # nf4 (bnb4_cpu) and int8 (int8_cpu): dequantized, then one bfloat16 linear
+        assert calls == (GemmCall("linear", 5, 64, 128, True, "bfloat16"), plain)
+
+
 def test_the_probe_runs_the_calls_in_a_fresh_process_and_caches_the_figure(
     tmp_path: Path,
 ) -> None:

@@ -156,7 +156,7 @@ def test_the_cli_offers_the_runtimes_kv_choices() -> None:
     assert plan_command.KV_ENGINES == planning.KV_ENGINES
 
 
-def test_4_bit_weights_reserve_their_largest_dense_copy_where_they_run() -> None:
+def test_dense_copy_weights_reserve_their_largest_copy_where_they_run() -> None:
     opened = open_model("llama-3.1-8b")
     options = MemoryOptions(context=4096, kv_dtype="fp16")
     mlp = 14336 * 4096 * 2  # an MLP weight of Llama 3.1 8B in bf16: the largest 4-bit one
@@ -171,11 +171,20 @@ def test_4_bit_weights_reserve_their_largest_dense_copy_where_they_run() -> None
         nf4 = device_reserves(opened, device_map, options, {"model.layers": "nf4"})
         assert nf4[runner].dequantize_nbytes == mlp
         assert nf4[runner].nbytes == plain[runner].nbytes + mlp
-        assert nf4[runner].why == plain[runner].why + "; 112 MiB to dequantize its largest 4-bit weight"
-    # int8 runs torchao's kernel on the packed weight, and lm_head stays bf16: no dense copy
-    for precisions in ({"model.layers": "int8"}, {"lm_head": "int8", "model.layers": "bfloat16"}):
-        (reserve,) = device_reserves(opened, {"": 0}, options, precisions).values()
-        assert reserve.dequantize_nbytes == 0
+        assert (
+            nf4[runner].why
+            == plain[runner].why + "; 112 MiB to dequantize its largest nf4/fp4/int8 weight"
+        )
+    # torchao's int8 casts its weight for each matmul: the same MLP copy; a map's lm_head in
+    # int8 (not kept in bf16 when named) copies the whole 128256 x 4096 head
+    (int8,) = device_reserves(opened, {"": 0}, options, {"model.layers": "int8"}).values()
+    assert int8.dequantize_nbytes == mlp
+    head = {"lm_head": "int8", "model.layers": "bfloat16"}
+    (reserve,) = device_reserves(opened, {"": 0}, options, head).values()
+    assert reserve.dequantize_nbytes == 128256 * 4096 * 2
+    # int4 runs tinygemm on the packed weight: no dense copy
+    (int4,) = device_reserves(opened, {"": 0}, options, {"model.layers": "int4-g64"}).values()
+    assert int4.dequantize_nbytes == 0
     # one layer in nf4: only its weights count (the same MLP size)
     (one,) = device_reserves(opened, {"": 0}, options, {"model.layers.3.mlp": "nf4"}).values()
     assert one.dequantize_nbytes == mlp

@@ -241,8 +241,8 @@ class JobRunner:
         if self.loaded is None:
             return
         self.loaded = None
-        buffers = sys.modules.get("workbench.big_modeling.quantization.bnb4_cpu")
-        if buffers is not None:  # a 4-bit model's CPU dequantize buffers go with it
+        buffers = sys.modules.get("workbench.big_modeling.quantization.dense_buffers")
+        if buffers is not None:  # a quantized model's CPU dequantize buffers go with it
             buffers.release_dequantize_buffers()
         gc.collect()
         torch = sys.modules.get("torch")

@@ -6,7 +6,7 @@ its measurements.
   (``quantized_weights_prediction``);
 - a run's reserve: the memory model's KV cache and activation peak at the run's real shape
   (``predict_run_reserve``) and the largest offloaded block on the device that runs it
-  (``offload_staging_bytes``), and the dense copy bitsandbytes' 4-bit matmuls dequantize into
+  (``offload_staging_bytes``), and the dense copy nf4/fp4/int8 matmuls dequantize into
   (``dequantize_buffer_prediction``); the CPU matmul workspace is probed apart
   (``gemm_workspace``).
 """
@@ -23,13 +23,14 @@ from workbench.big_modeling.device_map.coverage import non_persistent_buffer_nam
 from workbench.big_modeling.device_map.value import device_for
 from workbench.big_modeling.devices import device_label
 from workbench.big_modeling.planning.device_reserve import reserve_per_device
-from workbench.big_modeling.quantization.bnb4_cpu import dequantize_buffer_nbytes
+from workbench.big_modeling.quantization.dense_buffers import dequantize_buffer_nbytes
 from workbench.big_modeling.quantization.precisions import parse_precision
 from workbench.big_modeling.quantization.sizes import quantized_weight_nbytes
 
 __all__ = [
+    "DENSE_COPY_KINDS",
+    "computes_with_dense_copy",
     "dequantize_buffer_prediction",
-    "is_four_bit",
     "main_device",
     "offload_staging_bytes",
     "predict_run_reserve",
@@ -169,11 +170,16 @@ def offload_staging_bytes(
     return {main: largest} if largest else {}
 
 
-def is_four_bit(precision: str | None) -> bool:
-    """Whether ``precision`` names nf4 or fp4, the bitsandbytes formats that compute with a
-    dense copy (an unknown name is not: where it is used, that says so)."""
+DENSE_COPY_KINDS = ("nf4", "fp4", "int8")
+"""Precision kinds whose matmul computes with a dense copy of the weight: bitsandbytes' nf4/fp4
+and torchao's int8 weight-only (``Int8Tensor`` casts the weight for each matmul)."""
+
+
+def computes_with_dense_copy(precision: str | None) -> bool:
+    """Whether ``precision``'s matmuls compute with a dense copy of the weight
+    (``DENSE_COPY_KINDS``; an unknown name does not: where it is used, that says so)."""
     try:
-        return precision is not None and parse_precision(precision).kind in ("nf4", "fp4")
+        return precision is not None and parse_precision(precision).kind in DENSE_COPY_KINDS
     except ValueError:
         return False
 
@@ -181,12 +187,14 @@ def is_four_bit(precision: str | None) -> bool:
 def dequantize_buffer_prediction(
     model: nn.Module, precision_map: Mapping[str, str], device_map: Mapping[str, object]
 ) -> dict[str, int]:
-    """Room the nf4/fp4 weights' dense copies take on each device that runs them.
+    """Room the nf4/fp4/int8 weights' dense copies take on each device that runs them.
 
-    A 4-bit matmul computes with the weight dequantized to its compute dtype: on the CPU into
-    one buffer per thread and dtype, grown to the largest such weight and kept
-    (``quantization.bnb4_cpu``); on a GPU bitsandbytes dequantizes a weight for each
-    multi-token (prefill) matmul and frees it after, so the peak holds the largest one. Per
+    Their matmuls compute with the weight dequantized to its compute dtype
+    (``computes_with_dense_copy``): on the CPU into one buffer per thread and dtype, grown to
+    the largest such weight and kept (``quantization.dense_buffers``, used by ``bnb4_cpu`` and
+    ``int8_cpu``); on a GPU bitsandbytes dequantizes a 4-bit weight for each multi-token
+    (prefill) matmul and torchao casts an int8 one for every matmul, freed after, so the peak
+    holds the largest one. Per
     device: per compute dtype, its largest 2-D weight (one expert of a fused 3-D one) at that
     dtype's bytes. Offloaded (cpu/disk) modules run on the map's main device.
 
@@ -197,13 +205,13 @@ def dequantize_buffer_prediction(
 
     Example:
         >>> model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 128))
-        >>> dequantize_buffer_prediction(model, {"0": "nf4", "1": "int8"}, {"": "cpu"})
+        >>> dequantize_buffer_prediction(model, {"0": "nf4", "1": "int4-g64"}, {"": "cpu"})
         {'cpu': 8192}
     """
     main = main_device(device_map)
     weights: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
     for name, precision in precision_map.items():
-        if not is_four_bit(precision):
+        if not computes_with_dense_copy(precision):
             continue
         placed = device_for(name, device_map)
         label = main if placed is None else device_label(placed)

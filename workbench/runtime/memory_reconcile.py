@@ -26,7 +26,7 @@ Measurements:
 Predicted (``memory_prediction``): the weights the map places per device (checkpoint headers;
 non-persistent buffers such as rotary ``inv_freq`` are left out on both sides), plus for a run
 the KV cache and activation peak of the memory model at the run's real shape and the largest
-offloaded block on the device that runs it, the dense copy a 4-bit (nf4/fp4) matmul dequantizes
+offloaded block on the device that runs it, the dense copy an nf4/fp4/int8 matmul dequantizes
 into (``dequantize_buffer_prediction``; on the CPU a buffer kept for the next run, so a run adds
 only what it grows by), and on the CPU the buffers its matmul libraries keep after the run's new
 matmul shapes (``gemm_workspace``, probed once per CPU and cached).
@@ -52,7 +52,7 @@ from torch import nn
 
 from workbench.big_modeling.devices import device_label, device_sort_key
 from workbench.big_modeling.planning.sizes import format_nbytes
-from workbench.big_modeling.quantization.bnb4_cpu import held_dequantize_buffer_bytes
+from workbench.big_modeling.quantization.dense_buffers import held_dequantize_buffer_bytes
 from workbench.runtime.c_heap import heap_free_bytes, release_free_heap
 from workbench.runtime.gemm_workspace import GemmCall, cpu_gemm_calls, cpu_gemm_workspace_bytes
 from workbench.runtime.memory_prediction import (
@@ -88,7 +88,7 @@ class MemoryProbe:
         self._load_bytes: int | None = None  # anonymous RSS the load added, at its end
         self._run_start_bytes: int | None = None  # anonymous RSS as a run began
         self._run_start_heap_free: int | None = None  # freed bytes the C heap held then
-        self._run_start_dequantize = 0  # 4-bit dequantize buffers held as the run began
+        self._run_start_dequantize = 0  # dequantize buffers held as the run began
         self._job = ""
         self._read_bytes = 0
         self._sampler: AnonPeakSampler | None = None
@@ -219,7 +219,7 @@ class MemoryProbe:
         reserve: dict[str, int],
         notes: list[str],
     ) -> None:
-        """Add the 4-bit weights' dense copies to ``reserve``: on the CPU what the kept buffer
+        """Add the nf4/fp4/int8 weights' dense copies to ``reserve``: on the CPU what the kept buffer
         grows by in this run (what it held as the run began is in the baseline)."""
         for device, nbytes in dequantize_buffer_prediction(
             model, precision_map, device_map
@@ -232,7 +232,7 @@ class MemoryProbe:
                 else ""
             )
             notes.append(
-                f"{device} 4-bit dequantize: {format_nbytes(nbytes)} for the largest nf4/fp4 "
+                f"{device} dequantize: {format_nbytes(nbytes)} for the largest nf4/fp4/int8 "
                 f"weight in its compute dtype{kept}; in {device}'s predicted reserve"
             )
 

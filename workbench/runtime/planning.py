@@ -44,7 +44,10 @@ from workbench.big_modeling.planning.kv_cache import ENGINES, default_context, k
 from workbench.big_modeling.planning.sizes import format_nbytes
 from workbench.big_modeling.quantization.keep_high_precision import default_keep_high_precision
 from workbench.big_modeling.quantization.sizes import QuantizableWeights, precision_of
-from workbench.runtime.memory_prediction import dequantize_buffer_prediction, is_four_bit
+from workbench.runtime.memory_prediction import (
+    computes_with_dense_copy,
+    dequantize_buffer_prediction,
+)
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
@@ -193,7 +196,7 @@ def device_reserves(
     prefill forward of ``planned_prefill`` tokens (the whole context unless
     ``prefill_tokens`` says a chunk; SDPA attention, logits of one position on the device of
     the last layer). ``DeviceReserve.why`` says it in words, naming the prefill when it is a
-    chunk of the context. With nf4/fp4 weights in ``precision_map`` (``{module prefix:
+    chunk of the context. With nf4/fp4/int8 weights in ``precision_map`` (``{module prefix:
     precision}``), a device also keeps the dense copy of the largest one it runs
     (``memory_prediction.dequantize_buffer_prediction``, as a run's reconciliation counts it).
 
@@ -222,42 +225,42 @@ def device_reserves(
         chunk = f" for {_token_words(prefill)}-token prefill chunks"
         reserves = {d: dataclasses.replace(r, why=r.why + chunk) for d, r in reserves.items()}
     buffers = dequantize_buffer_prediction(
-        opened.model, _four_bit_modules(opened, precision_map or {}), device_map
+        opened.model, _dense_copy_modules(opened, precision_map or {}), device_map
     )
     for device, reserve in reserves.items():
         nbytes = buffers.get(device_label(device), 0)
         if nbytes:
-            why = f"{reserve.why}; {format_nbytes(nbytes)} to dequantize its largest 4-bit weight"
+            why = f"{reserve.why}; {format_nbytes(nbytes)} to dequantize its largest nf4/fp4/int8 weight"
             reserves[device] = dataclasses.replace(reserve, dequantize_nbytes=nbytes, why=why)
     return reserves
 
 
 @dataclass
-class _FourBitCache:
+class _DenseCopyCache:
     opened: Any = None
     key: Any = None
     modules: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-_FOUR_BIT = _FourBitCache()
+_DENSE_COPY = _DenseCopyCache()
 
 
-def _four_bit_modules(opened: OpenedModel, precision_map: Mapping[str, str]) -> dict[str, str]:
-    """``{module: precision}`` of the modules ``precision_map`` (by prefix) makes nf4/fp4:
+def _dense_copy_modules(opened: OpenedModel, precision_map: Mapping[str, str]) -> dict[str, str]:
+    """``{module: precision}`` of the modules ``precision_map`` (by prefix) makes nf4/fp4/int8:
     Linear and fused-expert weights outside the modules kept in high precision, as a load
     converts them (one entry: the GUI asks for the same model and map on every refresh)."""
     key = tuple(sorted(precision_map.items()))
-    if _FOUR_BIT.opened is opened and _FOUR_BIT.key == key:
-        return _FOUR_BIT.modules
+    if _DENSE_COPY.opened is opened and _DENSE_COPY.key == key:
+        return _DENSE_COPY.modules
     modules: dict[str, str] = {}
-    if any(is_four_bit(precision) for precision in precision_map.values()):
+    if any(computes_with_dense_copy(precision) for precision in precision_map.values()):
         kept = [n for n in default_keep_high_precision(opened.model) if n not in precision_map]
         for tensor in QuantizableWeights.of(opened.model, kept).shapes:
             module = tensor.rpartition(".")[0]
             precision = precision_of(module, precision_map)
-            if is_four_bit(precision):
+            if computes_with_dense_copy(precision):
                 modules[module] = str(precision)
-    _FOUR_BIT.opened, _FOUR_BIT.key, _FOUR_BIT.modules = opened, key, modules
+    _DENSE_COPY.opened, _DENSE_COPY.key, _DENSE_COPY.modules = opened, key, modules
     return modules
 
 

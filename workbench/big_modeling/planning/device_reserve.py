@@ -84,7 +84,7 @@ class DeviceReserve:
         why: one sentence, e.g. ``"layers 0-31 on cuda:0 need 2 GiB of KV cache at 8192
             context, fp16, GQA 8 of 32 heads; activation peak 256 MiB (MLP intermediate)"``. The
             logits are charged to the device of the last decoder layer.
-        dequantize_nbytes: the dense copy of the largest nf4/fp4 weight the device runs, per
+        dequantize_nbytes: the dense copy of the largest nf4/fp4/int8 weight the device runs, per
             compute dtype (a precision map's; ``runtime.planning`` adds it).
     """
 

@@ -7,6 +7,8 @@
 - ``keep_high_precision``: the modules left unquantized by default (transformers' quantizers').
 - ``apply``: quantize a loaded model per a precision map; ``backends`` picks the library per
   precision and device (torchao CPU/CUDA layouts), ``bnb4`` holds nf4/fp4 (bitsandbytes),
+  ``bnb4_cpu`` and ``int8_cpu`` run nf4/fp4 and int8 CPU matmuls through the per-thread
+  ``dense_buffers`` (no per-call copies to fragment the heap),
   ``experts`` / ``expert_layout`` the fused 3-D MoE expert weights, ``packed`` the offload
   folder's records of quantized weights.
 - ``prequantized``: GPTQ / AWQ / compressed-tensors / bitsandbytes checkpoints sized from their

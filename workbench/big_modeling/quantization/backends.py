@@ -3,7 +3,8 @@
 ========  ============================================  ==========================================
 kind      cpu                                           cuda
 ========  ============================================  ==========================================
-int8      ``Int8WeightOnlyConfig`` (``Int8Tensor``)      the same (runs on any CUDA GPU)
+int8      ``Int8WeightOnlyConfig`` (``Int8Tensor``;      the same (runs on any CUDA GPU)
+          its CPU matmul: ``int8_cpu``)
 int4-gG   ``PrototypeInt4WeightOnlyConfig``              ``Int4WeightOnlyConfig(group_size=G)``:
           (``Int4OpaqueTensor``, CPU tinygemm)          the default ``plain`` layout where mslk is
                                                         installed, else ``tile_packed_to_4d``
@@ -38,7 +39,11 @@ from torchao.quantization import (
 from torchao.quantization.quantize_.workflows.int4.int4_packing_format import Int4PackingFormat
 
 from workbench.big_modeling.errors import BadInputError
+from workbench.big_modeling.quantization.int8_cpu import install as install_int8_cpu
 from workbench.big_modeling.quantization.precisions import Precision, parse_precision
+
+# int8 weights made here run on the CPU through one reused buffer (``int8_cpu``)
+install_int8_cpu()
 
 TORCHAO_KINDS = ("int8", "int4", "fp8")
 """Precision kinds torchao quantizes; ``nf4``/``fp4`` go to bitsandbytes."""

@@ -8,15 +8,15 @@ an 8-token prefill and 86 MiB after 16 decode steps of a 200-token prompt, again
 10.6 MiB of live tensors (``MALLOC_MMAP_THRESHOLD_=131072`` gives the live figure, at a third of
 the decode speed). That was the -15% to -30% of every nf4 CPU run's reconciliation (issue 21).
 
-Here each thread dequantizes into one buffer per compute dtype, grown to the largest 4-bit weight
-it has run and kept: the run's extra memory is that buffer, which the memory model predicts
-exactly (``dequantize_buffer_nbytes``), and the decode speed is bitsandbytes' own (the same
+Here each thread dequantizes into its one buffer per compute dtype (``dense_buffers``, shared
+with torchao's int8 weights, ``int8_cpu``), grown to the largest weight it has run and kept: the
+run's extra memory is that buffer, which the memory model predicts exactly
+(``dense_buffers.dequantize_buffer_nbytes``), and the decode speed is bitsandbytes' own (the same
 kernels; 7.2-7.6 tok/s both ways on that model, this 2-core AVX2 CPU). The dequantize kernel is
 bitsandbytes' native CPU one (``cdequantize_blockwise_cpu_{nf4,fp4}_{fp32,bf16,fp16}``, the
 functions its ``dequantize_4bit`` CPU op calls, which has no ``out=`` form on the CPU); where that
 op itself falls back (odd last dimension; AVX-512 with blocks of 2048 or more) or the native
-library is missing, the op's result is copied into the buffer. A buffer lives until its thread
-ends or ``release_dequantize_buffers`` (the worker calls it when it drops a model).
+library is missing, the op's result is copied into the buffer.
 
 On CUDA nothing here runs: ``bnb4`` calls ``bitsandbytes.matmul_4bit`` (a fused one-token kernel
 and the caching allocator).
@@ -25,78 +25,23 @@ Example:
     >>> weight = quantize_4bit(torch.randn(64, 128, dtype=torch.bfloat16), "nf4")  # doctest: +SKIP
     >>> linear_4bit_cpu(torch.ones(2, 128, dtype=torch.bfloat16), weight, None).shape  # doctest: +SKIP
     torch.Size([2, 64])
-    >>> held_dequantize_buffer_bytes()  # doctest: +SKIP
-    16384
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import threading
-import weakref
-from collections.abc import Iterable
 from math import prod
 from typing import Any
 
 import torch
 
-__all__ = [
-    "dequantize_4bit_into",
-    "dequantize_buffer_nbytes",
-    "held_dequantize_buffer_bytes",
-    "linear_4bit_cpu",
-    "release_dequantize_buffers",
-]
+from workbench.big_modeling.quantization.dense_buffers import dense_buffer
+
+__all__ = ["dequantize_4bit_into", "linear_4bit_cpu"]
 
 _KERNEL_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _AVX512_FALLBACK_BLOCKSIZE = 2048  # bitsandbytes' CPU op computes these blocks in torch instead
-
-
-class _Buffers:
-    """One thread's dequantize buffers, by compute dtype (weak-referenceable for the registry)."""
-
-    def __init__(self) -> None:
-        self.by_dtype: dict[torch.dtype, torch.Tensor] = {}
-
-
-_local = threading.local()
-_registry: weakref.WeakSet[_Buffers] = weakref.WeakSet()  # every live thread's buffers
-_registry_lock = threading.Lock()
-
-
-def _buffers() -> _Buffers:
-    buffers = getattr(_local, "buffers", None)
-    if buffers is None:
-        buffers = _local.buffers = _Buffers()
-        with _registry_lock:
-            _registry.add(buffers)
-    return buffers
-
-
-def _buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """This thread's buffer for ``dtype``, at least ``numel`` long (grown, never shrunk)."""
-    held = _buffers().by_dtype
-    buffer = held.get(dtype)
-    if buffer is None or buffer.numel() < numel:
-        held.pop(dtype, None)  # the old one goes before the new one is allocated
-        buffer = held[dtype] = torch.empty(numel, dtype=dtype)
-    return buffer[:numel]
-
-
-def held_dequantize_buffer_bytes() -> int:
-    """Bytes of the dequantize buffers every live thread holds now."""
-    with _registry_lock:
-        owners = list(_registry)
-    return sum(t.numel() * t.element_size() for b in owners for t in list(b.by_dtype.values()))
-
-
-def release_dequantize_buffers() -> None:
-    """Drop every thread's buffers (a matmul running now keeps its own until it returns)."""
-    with _registry_lock:
-        owners = list(_registry)
-    for owner in owners:
-        owner.by_dtype.clear()
 
 
 @functools.cache
@@ -164,25 +109,5 @@ def linear_4bit_cpu(
     if activation.dtype != weight.dtype:
         activation = activation.to(weight.dtype)
     shape = weight.weight_shape
-    dense = _buffer(prod(shape), weight.dtype).view(shape)
+    dense = dense_buffer(prod(shape), weight.dtype).view(shape)
     return torch.nn.functional.linear(activation, dequantize_4bit_into(weight, dense), bias)
-
-
-def dequantize_buffer_nbytes(weights: Iterable[tuple[tuple[int, ...], torch.dtype]]) -> int:
-    """Bytes the buffers hold after a CPU run of these 4-bit weights: per compute dtype, its
-    largest 2-D weight (an expert of a 3-D one) at that dtype's size.
-
-    Args:
-        weights: ``(shape, compute dtype)`` of each 4-bit weight the CPU runs.
-
-    Example:
-        >>> dequantize_buffer_nbytes([((1536, 576), torch.bfloat16), ((576, 576), torch.bfloat16)])
-        1769472
-        >>> dequantize_buffer_nbytes([((8, 64, 32), torch.float32), ((10, 10), torch.float16)])
-        8392
-    """
-    largest: dict[torch.dtype, int] = {}
-    for shape, dtype in weights:
-        numel = prod(shape[-2:])
-        largest[dtype] = max(largest.get(dtype, 0), numel * dtype.itemsize)
-    return sum(largest.values())
