@@ -16,8 +16,10 @@ takes it, as ``generate`` does) and then one decode step, and compares:
   forward minus what the cache grew by (the first step after a prefill also frees the prompt's
   K/V storage that sliding layers keep a view of, so it is not the steady state);
 - second chunk (decoder-only models): a chunked prefill's second chunk of ``--tokens / 2``
-  tokens after the first, ``forward_peak_terms(past=tokens / 2)`` against its peak minus what
-  the cache grew by (sdpa then gets a mask, and sliding layers keep the chunk's storage).
+  tokens after the first, ``forward_peak_terms(past=tokens / 2)`` against its peak above the
+  memory held as it began, minus what the cache grew by, both chunks under one profiler
+  (``tests/chunk_measure.py``; sdpa then gets a mask, and sliding layers keep the chunk's
+  storage).
 
 sdpa runs torch's CPU flash-attention kernel, whose per-thread workspace is counted with
 ``cpu_threads=torch.get_num_threads()``.
@@ -50,6 +52,7 @@ from workbench.big_modeling.planning.sizes import compute_module_sizes
 
 # The tests' tiny configs (tests/memory_model_configs.py), with windows below the prompt.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from chunk_measure import second_chunk_activation
 from memory_model_configs import VOCAB, tiny_configs
 
 _LABELS = {
@@ -185,25 +188,12 @@ def run_case(
 
 
 def _second_chunk(model: torch.nn.Module, config: object, impl: str, batch: int, chunk: int) -> str:
-    """``"pred / meas (error)"`` of a prefill's second chunk, or ``"-"`` when the model's
-    cache takes no chunk after a prefill."""
+    """``"pred / meas (error)"`` of a prefill's second chunk (``chunk_measure``), or ``"-"``
+    when the model's cache takes no chunk after a prefill."""
     try:
-        with torch.no_grad():
-            first = model(
-                input_ids=torch.randint(0, VOCAB, (batch, chunk)), use_cache=True, logits_to_keep=1
-            )
-        cache = first.past_key_values
-        before = sum(measured_cache_nbytes(cache))
-        peak, _ = profiled_peak(
-            model,
-            input_ids=torch.randint(0, VOCAB, (batch, chunk)),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        measured = second_chunk_activation(model, batch, chunk)
     except (TypeError, ValueError, RuntimeError):
         return "-"
-    measured = peak - (sum(measured_cache_nbytes(cache)) - before)
     predicted = forward_peak_terms(
         layout_of(config),
         batch=batch,
