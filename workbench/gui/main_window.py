@@ -211,6 +211,9 @@ class MainWindow(QMainWindow):
         self.runtime_panels.inference_panel.run_finished.connect(
             lambda _record: self.hardware.refresh_after_run()
         )
+        self.planner_panel.comparison_ready.connect(
+            lambda _candidates: self.hardware.refresh_after_run()
+        )
         self.runtime_panels.inference_panel.memory_view.record_shown.connect(
             self.lanes.show_measured  # measured beside predicted in the lane tooltips
         )

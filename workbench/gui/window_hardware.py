@@ -19,7 +19,7 @@ from workbench.gui import settings as app_settings
 from workbench.gui.commands import SetBudgetsCommand, SetProfileCommand
 from workbench.gui.hardware_selector import HardwareSelector, available_profiles
 from workbench.gui.workers import TaskThread
-from workbench.models.hardware import DETECTED_NAME, with_host_measurements, with_host_probes
+from workbench.models.hardware import DETECTED_NAME, with_cached_probes, with_host_measurements
 from workbench.models.speed import predict_speed
 from workbench.runtime.formatting import format_forward, format_rate, format_ttft
 from workbench.runtime.model_kind import generates_tokens
@@ -166,13 +166,17 @@ class WindowHardware(QObject):
             QCoreApplication.sendPostedEvents()  # deliver the queued result now
 
     def refresh_after_run(self) -> None:
-        """After a run: the worker measures this machine's host probes the first time (after
-        the run's timing), so the detected profile takes them from their caches (two small
-        reads, until they are there) and the speed is predicted again; no undo step."""
+        """After a run or a comparison: the worker measures this machine's host probes the
+        first time (after the run's timing), and the precision planner (and a run's
+        prediction) the CPU's kernel costs, so the detected profile takes them from their
+        caches (small reads, until they are all there) and the speed is predicted again, with
+        the figures the comparison and the run used; no undo step."""
         profile = self.profile
-        if getattr(profile, "name", "") != DETECTED_NAME or profile.dispatch_measured:
+        if getattr(profile, "name", "") != DETECTED_NAME:
             return
-        self._update_detected(lambda detected: with_host_probes(detected, measure=False))
+        if profile.dispatch_measured and profile.kernel_costs.cpu_measured:
+            return
+        self._update_detected(with_cached_probes)
 
     def take_host_measurements(self, measured: Any) -> None:
         """This machine measured again (Tools > Measure this machine again): the detected

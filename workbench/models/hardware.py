@@ -281,6 +281,19 @@ def with_host_probes(profile: HardwareProfile, *, measure: bool = True) -> Hardw
     return profile
 
 
+def with_cached_probes(profile: HardwareProfile) -> HardwareProfile:
+    """``profile`` (this machine's) with every probe this machine has measured so far, read
+    from their caches, nothing measured: the host probes (``with_host_probes``) and the CPU's
+    kernel costs (``cached_cpu_kernels``), which the precision planner and a run's prediction
+    measure when missing. The same object when nothing is new."""
+    profile = with_host_probes(profile, measure=False)
+    if not profile.kernel_costs.cpu_measured:
+        kernels = cached_cpu_kernels(measure_if_missing=False)
+        if kernels is not None:
+            profile = with_cpu_kernels(profile, kernels)
+    return profile
+
+
 def with_host_measurements(profile: HardwareProfile, measured: Any) -> HardwareProfile:
     """``profile`` (this machine's) with freshly measured host probes (a
     ``host_measurements.HostMeasurements``; a probe that failed leaves the profile's figure)."""
