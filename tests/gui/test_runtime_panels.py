@@ -401,3 +401,46 @@ def test_the_plan_time_prediction_names_the_what_if_profile(window: Any) -> None
     window.update_speed_prediction(wait=True)
     assert window.speed_prediction is not None
     assert window.speed_label.text().startswith("<b>Predicted for test-2x24g:</b> ")
+
+
+def test_the_transfers_prediction_is_for_the_precisions_the_model_was_loaded_with(
+    window: Any, qtbot: Any
+) -> None:
+    """Found reading the code after driving an int8 load: the per-layer bars beside the measured
+    ones were predicted for the unquantized tree, with the typical prefetch, not for what the
+    worker loaded (the run's own prediction used the precisions, without prefetch)."""
+    import torch
+
+    from workbench.models.speed import predict_speed
+    from workbench.runtime.precision_session import quantized_tree
+
+    class Stored:  # what a checkpoint says of its dtypes (the planner's dtype reads it)
+        def dtype_nbytes(self) -> dict:
+            return {torch.float32: 2848}
+
+    panels = window.runtime_panels
+    opened = window.session.opened
+    window.set_opened(
+        "tiny-lm", type(opened)(**{**vars(opened), "checkpoint": Stored()}), {"": "cpu"}
+    )
+    window.session.set_precision_map({"layers": "int8"})
+    _loaded(window, qtbot)
+    assert panels.controller.loaded_precisions == {"layers": "int8"}
+    window.session.set_precision_map({})  # a later edit: the loaded model keeps its precisions
+    panels._prediction_for_loaded_map()
+    opened, profile = window.session.opened, panels.runtime_hardware()
+    expected = predict_speed(
+        quantized_tree(opened, {"layers": "int8"}),
+        {"": "cpu"},
+        profile,
+        prefetch=False,
+        precisions={"layers": "int8"},
+    )
+    plain = predict_speed(opened.tree, {"": "cpu"}, profile)
+    block = "layers.0"
+    predicted = {p.name: p.time_s or p.transfer_s + p.compute_s for p in expected.per_layer}
+    assert panels.transfer_plot.prediction[block] == pytest.approx(predicted[block])
+    unquantized = {p.name: p.time_s or p.transfer_s + p.compute_s for p in plain.per_layer}
+    assert predicted[block] != pytest.approx(unquantized[block])
+    panels.controller._forget_loaded_model()
+    assert panels.controller.loaded_precisions == {}

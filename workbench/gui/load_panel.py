@@ -213,6 +213,8 @@ class LoadController(QObject):
         # "Keep loaded" was the answer for the loaded model: not asked again until it changes
         self.keep_answered = False
         self._pending_map: dict[str, int | str] | None = None
+        self._pending_precisions: dict[str, str] = {}
+        self.loaded_precisions: dict[str, str] = {}  # the precision map the loaded model has
         self._pending_source: str | None = None
         self._pending_context: Any = None  # the ModelContext the running load is for
         self._loaded_context: Any = None  # the ModelContext of the model the worker holds
@@ -277,6 +279,7 @@ class LoadController(QObject):
             self._report_error("Cannot load", str(exc), _details(exc))
             return None
         self._pending_map = device_map
+        self._pending_precisions = dict(options.get("precision_map") or {})
         self._pending_source = str(source)
         self._pending_context = getattr(self.session, "context", None)
         self.request_id = request_id
@@ -346,6 +349,7 @@ class LoadController(QObject):
         if context is not None and self._pending_map is not None:
             context.loaded = LoadedModelRef(str(self.loaded_source), self._pending_map, summary)
         self._loaded_context = context
+        self.loaded_precisions = dict(self._pending_precisions)
         self._set_loaded(self._pending_map)
         self.progress_widget.show_done()
         load_s = getattr(summary, "load_s", 0.0)
@@ -452,6 +456,7 @@ class LoadController(QObject):
         self.keep_answered = False  # another load, or none: ask again
         self.loaded_map = None if device_map is None else dict(device_map)
         if device_map is None:
+            self.loaded_precisions = {}
             self._set_stale(False)
         if self.loaded != before:
             self.loaded_changed.emit(self.loaded)

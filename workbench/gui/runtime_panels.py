@@ -36,6 +36,7 @@ from workbench.gui.window_persistence import model_display_name
 from workbench.models.hardware import DETECTED_NAME, detect_hardware
 from workbench.models.speed import predict_speed
 from workbench.runtime import BadInputError, normalize_device
+from workbench.runtime.precision_session import quantized_tree
 from workbench.runtime.protocol import TelemetrySample, TransferBatch
 from workbench.runtime.session import Session
 
@@ -299,14 +300,21 @@ class RuntimePanels(QObject):
 
     def _prediction_for_loaded_map(self) -> None:
         """Set the layer units and the speed model's per-layer prediction for the loaded map,
-        for the hardware it runs on (the bars beside it are measured there)."""
+        for the hardware it runs on (the bars beside it are measured there), at the precisions
+        it was loaded with and without prefetch, as the run's own prediction
+        (``runtime.inference``)."""
         tree, profile = self.session.tree, self.runtime_hardware()
         device_map = self.controller.loaded_map or {}
+        precisions = self.controller.loaded_precisions
+        if precisions and self.session.opened is not None:
+            tree = quantized_tree(self.session.opened, precisions)
         self.units = [name for name in device_map if name]
         prediction = None
         if tree is not None and profile is not None and device_map:
             try:
-                prediction = predict_speed(tree, device_map, profile)
+                prediction = predict_speed(
+                    tree, device_map, profile, prefetch=False, precisions=precisions
+                )
             except BadInputError as exc:  # a map the speed model refuses: no prediction bars
                 logger.info("no per-layer prediction for the loaded map: %s", exc)
         if prediction is not None and prediction.per_layer:
