@@ -284,3 +284,32 @@ def test_the_detected_prediction_takes_the_cpu_kernels_a_comparison_measured(
     (cpu,) = [spec for spec in profile.devices if spec.device == "cpu"]
     assert cpu.memory_bandwidth_gbps == pytest.approx(1.5 / MEMORY_BANDWIDTH_UTILIZATION)
     assert window.session.profile.name == "detected" and not window.session.dirty
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_a_restored_profile_takes_the_figures_measured_since(
+    qtbot, clean_settings, test_profile, whatif_config, open_in_window, tmp_path, monkeypatch
+) -> None:
+    """Found driving the app: a restored session's detected profile carried the dispatch cost
+    saved with it, and once it had every probe the window never read the caches again, so
+    after a run it said 9.88 tok/s where the worker, with the machine's newer figures,
+    predicted 14.1. A run (or a comparison) now gives it the cached figures, newer or not."""
+    from workbench.models.dispatch_probe import DispatchOverhead, cached_dispatch_overhead
+    from workbench.models.hardware import with_dispatch_overhead
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    window = _window_on_detected(qtbot, test_profile, whatif_config, open_in_window)
+    saved = with_dispatch_overhead(window.hardware_profile(), DispatchOverhead(7e-5, 0.0, 2, 0.0))
+    window.hardware._update_detected(lambda _detected: saved)  # as a restored session's
+    qtbot.waitUntil(
+        lambda: window.hardware_profile().module_call_us == pytest.approx(70), timeout=5000
+    )
+    cached_dispatch_overhead(lambda: DispatchOverhead(3.7e-5, 3.8e-4, 2, 0.0))  # measured since
+    before = window.speed_prediction
+    window.hardware.refresh_after_run()
+    qtbot.waitUntil(lambda: window.speed_prediction is not before, timeout=5000)
+    assert window.hardware_profile().module_call_us == pytest.approx(37)
+    assert window.hardware_profile().forward_call_us == pytest.approx(380)
+    shown = window.speed_prediction
+    window.hardware.refresh_after_run()  # nothing newer: the same profile, no new prediction
+    assert window.speed_prediction is shown and not window.session.dirty

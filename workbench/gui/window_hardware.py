@@ -168,13 +168,10 @@ class WindowHardware(QObject):
     def refresh_after_run(self) -> None:
         """After a run or a comparison: the worker measures this machine's host probes the
         first time (after the run's timing), and the precision planner (and a run's
-        prediction) the CPU's kernel costs, so the detected profile takes them from their
-        caches (small reads, until they are all there) and the speed is predicted again, with
-        the figures the comparison and the run used; no undo step."""
-        profile = self.profile
-        if getattr(profile, "name", "") != DETECTED_NAME:
-            return
-        if profile.dispatch_measured and profile.kernel_costs.cpu_measured:
+        prediction) the CPU's kernel costs, so the detected profile takes the cached figures
+        (three small reads), newer ones in place of its own, and the speed is predicted again
+        when they changed, with the figures the comparison and the run used; no undo step."""
+        if getattr(self.profile, "name", "") != DETECTED_NAME:
             return
         self._update_detected(with_cached_probes)
 

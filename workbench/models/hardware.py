@@ -282,16 +282,23 @@ def with_host_probes(profile: HardwareProfile, *, measure: bool = True) -> Hardw
 
 
 def with_cached_probes(profile: HardwareProfile) -> HardwareProfile:
-    """``profile`` (this machine's) with every probe this machine has measured so far, read
-    from their caches, nothing measured: the host probes (``with_host_probes``) and the CPU's
-    kernel costs (``cached_cpu_kernels``), which the precision planner and a run's prediction
-    measure when missing. The same object when nothing is new."""
-    profile = with_host_probes(profile, measure=False)
-    if not profile.kernel_costs.cpu_measured:
-        kernels = cached_cpu_kernels(measure_if_missing=False)
-        if kernels is not None:
-            profile = with_cpu_kernels(profile, kernels)
-    return profile
+    """``profile`` (this machine's) with the figures of every probe this machine has cached,
+    nothing measured: the host probes (dispatch costs, the CPU's matmul curve) and the CPU's
+    kernel costs, which a run's worker and the precision planner measure when missing. A
+    cached figure replaces the profile's own, so a profile made before a probe was measured
+    again (a restored session's) takes the newest, as the worker's prediction does. The same
+    object when nothing differs."""
+    updated = profile
+    curve = cached_matmul_curve(measure_if_missing=False)
+    if curve is not None:
+        updated = replace(updated, cpu_matmul_curve=curve)
+    dispatch = cached_dispatch_overhead(measure_if_missing=False)
+    if dispatch is not None:
+        updated = with_dispatch_overhead(updated, dispatch)
+    kernels = cached_cpu_kernels(measure_if_missing=False)
+    if kernels is not None:
+        updated = with_cpu_kernels(updated, kernels)
+    return profile if updated == profile else updated
 
 
 def with_host_measurements(profile: HardwareProfile, measured: Any) -> HardwareProfile:
