@@ -50,7 +50,7 @@ def test_the_values_are_torchaos_to_the_bit(
 ) -> None:
     torch.manual_seed(0)
     weight = quantize_weight(torch.randn(96, 160, dtype=dtype), "int8")
-    assert int8_cpu.runs_dense_on_cpu(weight)
+    assert int8_cpu.runs_dense(weight)
     x = torch.randn(*leading, 160, dtype=dtype)
     b = torch.randn(96, dtype=dtype) if bias else None
     ours = torch.nn.functional.linear(x, weight, b)
@@ -77,11 +77,11 @@ def test_dynamic_activation_int8_keeps_torchaos_function() -> None:
     layer = torch.nn.Linear(160, 96, bias=False)
     quantize_(layer, Int8DynamicActivationInt8WeightConfig())
     assert isinstance(layer.weight, Int8Tensor)
-    assert not int8_cpu.runs_dense_on_cpu(layer.weight)
+    assert not int8_cpu.runs_dense(layer.weight)
     x = torch.randn(3, 160)
     assert torch.equal(layer(x), _torchao_linear(x, layer.weight, None))
     assert held_dequantize_buffer_bytes() == 0  # torchao's int8 x int8 kernel, no dense copy
 
 
 def test_a_plain_weight_is_not_ours() -> None:
-    assert not int8_cpu.runs_dense_on_cpu(torch.randn(4, 4))
+    assert not int8_cpu.runs_dense(torch.randn(4, 4))

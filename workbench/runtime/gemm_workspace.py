@@ -37,7 +37,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -87,40 +87,46 @@ class GemmCall:
     dtype: str = "float32"
 
 
-def _dense_shape(weight: Any) -> tuple[int, ...] | None:
-    """The shape of the dense matmul ``weight`` runs on the CPU: its own for a plain
-    float32/float16/bfloat16 tensor, the dequantized one for a 2-D nf4/fp4 weight or a torchao
-    int8 one (``bnb4_cpu`` and ``int8_cpu`` run them as one dense matmul in their compute
-    dtype); ``None`` for any other (int4 and fp8 weights run other kernels)."""
-    if weight is None or weight.dtype not in _DTYPES:
-        return None
-    if type(weight) in (nn.Parameter, torch.Tensor):
-        return tuple(weight.shape)
+def _dense_shape_reader() -> Callable[[Any], tuple[int, ...] | None]:
+    """A function giving the shape of the dense matmul a weight runs on the CPU: its own for a
+    plain float32/float16/bfloat16 tensor, the dequantized one for a 2-D nf4/fp4 weight or a
+    torchao int8 one (``bnb4_cpu`` and ``int8_cpu`` run them as one dense matmul in their
+    compute dtype); ``None`` for any other (int4 and fp8 weights run other kernels)."""
     # a quantized weight exists only once its module was imported: no heavy import here
     bnb4 = sys.modules.get("workbench.big_modeling.quantization.bnb4")
-    if bnb4 is not None and isinstance(weight, bnb4.Bnb4bitTensor):
-        shape = tuple(weight.weight_shape)
-        return shape if len(shape) == 2 else None
     int8 = sys.modules.get("workbench.big_modeling.quantization.int8_cpu")
-    if int8 is not None and int8.runs_dense_on_cpu(weight):
-        return tuple(weight.shape)
-    return None
+
+    def dense_shape(weight: Any) -> tuple[int, ...] | None:
+        if weight is None or weight.dtype not in _DTYPES:
+            return None
+        if type(weight) in (nn.Parameter, torch.Tensor):
+            return tuple(weight.shape)
+        if bnb4 is not None and isinstance(weight, bnb4.Bnb4bitTensor):
+            shape = tuple(weight.weight_shape)
+            return shape if len(shape) == 2 else None
+        if int8 is not None and int8.runs_dense(weight):
+            return tuple(weight.shape)
+        return None
+
+    return dense_shape
 
 
-def _module_call(module: nn.Module, rows: int, conv1d: type) -> GemmCall | None:
-    """The matmul ``module`` runs for ``rows`` tokens; ``None`` for any other module or a
-    weight that runs no dense float32/float16/bfloat16 matmul (``_dense_shape``)."""
+def _module_call(
+    module: nn.Module, conv1d: type, dense_shape: Callable[[Any], tuple[int, ...] | None]
+) -> GemmCall | None:
+    """The matmul ``module`` runs (``rows`` 0: set per step); ``None`` for any other module or
+    a weight that runs no dense float32/float16/bfloat16 matmul (``dense_shape``)."""
     kind = "addmm" if isinstance(module, conv1d) else "linear"
     if kind == "linear" and not isinstance(module, nn.Linear):
         return None
     weight = getattr(module, "weight", None)
-    shape = _dense_shape(weight)
+    shape = dense_shape(weight)
     if shape is None:
         return None
     bias = getattr(module, "bias", None) is not None
     first, second = (int(n) for n in shape)  # Conv1D: in x out; Linear: out x in
     in_f, out_f = (first, second) if kind == "addmm" else (second, first)
-    return GemmCall(kind, rows, in_f, out_f, bias, dtype_name(weight.dtype))
+    return GemmCall(kind, 0, in_f, out_f, bias, dtype_name(weight.dtype))
 
 
 def cpu_gemm_calls(
@@ -148,12 +154,16 @@ def cpu_gemm_calls(
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     keeps_one = new_tokens > 0 and accepts(model, "logits_to_keep")
     steps = [max(1, prompt_tokens)] + ([1] if new_tokens > 1 else [])  # prefill, then decode
+    dense_shape = _dense_shape_reader()
+    matmuls = [
+        (module, call)
+        for module in model.modules()
+        if (call := _module_call(module, Conv1D, dense_shape)) is not None
+    ]
     calls: dict[GemmCall, None] = {}  # distinct, in the order they run
     for rows in steps:
-        for module in model.modules():
-            call = _module_call(module, 1 if keeps_one and module is head else rows, Conv1D)
-            if call is not None:
-                calls.setdefault(call)
+        for module, call in matmuls:
+            calls.setdefault(replace(call, rows=1 if keeps_one and module is head else rows))
     return tuple(calls)
 
 

@@ -38,18 +38,17 @@ from torchao.quantization import Int8Tensor
 
 from workbench.big_modeling.quantization.dense_buffers import dense_buffer
 
-__all__ = ["install", "linear_int8_cpu", "runs_dense_on_cpu"]
+__all__ = ["install", "linear_int8_cpu", "runs_dense"]
 
 _LINEARS = (torch.nn.functional.linear, torch.ops.aten.linear.default)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a tensor subclass with its own dispatch
 
 
-def runs_dense_on_cpu(weight: Any) -> bool:
-    """Whether ``weight`` is an ``Int8Tensor`` that ``linear_int8_cpu`` runs: on the CPU, 2-D,
-    weight-only (no activation quantization or pre-scale), one scale per row."""
+def runs_dense(weight: Any) -> bool:
+    """Whether ``weight`` is an ``Int8Tensor`` that ``linear_int8_cpu`` runs when it is on the
+    CPU: 2-D, weight-only (no activation quantization or pre-scale), one scale per row."""
     return (
         isinstance(weight, Int8Tensor)
-        and weight.device.type == "cpu"
         and weight.qdata.dim() == 2
         and weight.act_quant_kwargs is None
         and weight.act_pre_scale is None
@@ -60,7 +59,7 @@ def runs_dense_on_cpu(weight: Any) -> bool:
 def linear_int8_cpu(
     activation: torch.Tensor, weight: Int8Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """``linear(activation, weight, bias)`` for a ``runs_dense_on_cpu`` weight: cast into this
+    """``linear(activation, weight, bias)`` for a ``runs_dense`` CPU weight: cast into this
     thread's buffer, one ``mm``, the per-row scale and the bias applied in place."""
     dtype = activation.dtype
     rows, columns = weight.qdata.shape
@@ -78,7 +77,8 @@ def _in_front_of(original: Any) -> Any:
         activation, weight = args[0], args[1]
         bias = args[2] if len(args) > 2 else (kwargs or {}).get("bias")
         plain = type(activation) in _PLAIN and (bias is None or type(bias) in _PLAIN)
-        if plain and activation.device.type == "cpu" and runs_dense_on_cpu(weight):
+        on_cpu = activation.device.type == "cpu" and weight.device.type == "cpu"
+        if plain and on_cpu and runs_dense(weight):
             return linear_int8_cpu(activation, weight, bias)
         return original(func, types, args, kwargs)
 
@@ -86,10 +86,9 @@ def _in_front_of(original: Any) -> Any:
     return linear
 
 
-@functools.cache
 def install() -> bool:
-    """Put ``linear_int8_cpu`` in front of torchao's linear for ``Int8Tensor`` (once; later
-    calls do nothing). ``False`` when torchao's dispatch tables are not where 0.18 keeps them:
+    """Put ``linear_int8_cpu`` in front of torchao's linear for ``Int8Tensor`` (once: a later
+    call finds it there and does nothing). ``False`` when torchao's dispatch tables are not where 0.18 keeps them:
     its own function then runs, with its per-call copies."""
     tables = (
         getattr(Int8Tensor, "_TORCH_FN_TABLE", {}).get(Int8Tensor, {}),
