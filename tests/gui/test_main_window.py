@@ -313,3 +313,23 @@ def test_a_restored_profile_takes_the_figures_measured_since(
     shown = window.speed_prediction
     window.hardware.refresh_after_run()  # nothing newer: the same profile, no new prediction
     assert window.speed_prediction is shown and not window.session.dirty
+
+
+@pytest.mark.slow  # opens a model with transformers on a worker thread
+def test_an_adopted_detected_profile_takes_the_cached_figures(
+    qtbot, clean_settings, test_profile, whatif_config, open_in_window, tmp_path, monkeypatch
+) -> None:
+    """Found driving kill -9 and Restore: the restored session's detected profile had the
+    typical dispatch cost it was saved with, and the window predicted 577 tok/s for the GPT-2
+    demo it had shown at 172 before the crash, with the machine's measured figures cached."""
+    from dataclasses import replace
+
+    from workbench.models.dispatch_probe import DispatchOverhead, cached_dispatch_overhead
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    window = _window_on_detected(qtbot, test_profile, whatif_config, open_in_window)
+    cached_dispatch_overhead(lambda: DispatchOverhead(3.7e-5, 3.8e-4, 2, 0.0))
+    saved = replace(test_profile, name="detected")  # typical figures, as a session saved them
+    window.hardware.adopt_profile(saved)
+    assert window.hardware_profile().module_call_us == pytest.approx(37)
+    assert window.hardware_profile().dispatch_measured
