@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from workbench.models.cache_dirs import measure_probe, write_measurement_cache
-from workbench.models.device_probe import CpuKernelProbe, cpu_kernel_cache_key
+from workbench.models.device_probe import (
+    CpuKernelProbe,
+    cpu_kernel_cache_key,
+    cpu_kernels_entry_key,
+)
 from workbench.models.dispatch_probe import DispatchOverhead
 from workbench.models.host_measurements import HostMeasurements, measure_host_again
 from workbench.models.matmul_probe import MatmulCurve
@@ -63,9 +67,11 @@ def test_measuring_again_replaces_this_machines_cached_figures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
-    key = cpu_kernel_cache_key()
+    keys = {name: cpu_kernel_cache_key() for name in CACHES}
+    keys["cpu-kernels.json"] = cpu_kernels_entry_key()
     stale = {"stale": True, "measured_at": 1.0}
     for name, field in CACHES.items():  # a busy first measurement, and another machine's
+        key = keys[name]
         write_measurement_cache(tmp_path / name, field, {key: stale, "other cpu": stale})
     measured = measure_host_again()
     assert measured.matmul_curve is not None and measured.matmul_curve.points
@@ -79,6 +85,7 @@ def test_measuring_again_replaces_this_machines_cached_figures(
     }
     for name, field in CACHES.items():
         entries = json.loads((tmp_path / name).read_text())[field]
+        key = keys[name]
         assert entries["other cpu"] == stale  # left alone
         if replaced[name]:
             assert entries[key]["measured_at"] > 1.0 and "stale" not in entries[key]

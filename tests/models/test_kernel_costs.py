@@ -13,6 +13,7 @@ from workbench.models.device_probe import (
     CpuKernelProbe,
     cached_cpu_kernels,
     cpu_kernel_cache_key,
+    cpu_kernels_entry_key,
     measure_cpu_kernels,
 )
 from workbench.models.hardware import (
@@ -78,9 +79,28 @@ def test_the_probe_is_cached_per_machine(tmp_path: Path) -> None:
     first = cached_cpu_kernels(measure, cache_path=path)
     again = cached_cpu_kernels(measure, cache_path=path)
     assert first == again == probe_with(0.25) and len(calls) == 1
-    assert cpu_kernel_cache_key() in json.loads(path.read_text())["devices"]
+    assert cpu_kernels_entry_key() in json.loads(path.read_text())["devices"]
     path.write_text("{not json")  # a broken cache is measured again, never fatal
     assert cached_cpu_kernels(measure, cache_path=path) == probe_with(0.25) and len(calls) == 2
+
+
+def test_a_probe_of_an_earlier_revision_of_our_own_kernels_is_measured_again(
+    tmp_path: Path,
+) -> None:
+    """The kernel probe times this project's CPU matmul paths too (``int8_cpu``, ``bnb4_cpu``):
+    an entry cached before they changed (the library versions alike) is not used."""
+    path = tmp_path / "cpu-kernels.json"
+    from workbench.big_modeling.quantization import CPU_KERNELS_REVISION
+
+    assert cpu_kernels_entry_key().startswith(cpu_kernel_cache_key())
+    assert cpu_kernels_entry_key().endswith(f"workbench kernels r{CPU_KERNELS_REVISION}")
+    earlier = cpu_kernels_entry_key().replace(
+        f"r{CPU_KERNELS_REVISION}", f"r{CPU_KERNELS_REVISION - 1}"
+    )
+    stale = {**probe_with(0.1).__dict__}
+    path.write_text(json.dumps({"version": 1, "devices": {earlier: stale}}))
+    assert cached_cpu_kernels(cache_path=path, measure_if_missing=False) is None
+    assert cached_cpu_kernels(lambda: probe_with(0.3), cache_path=path) == probe_with(0.3)
 
 
 def test_the_detected_profile_reads_the_cached_probe(tmp_path: Path, monkeypatch) -> None:

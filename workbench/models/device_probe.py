@@ -377,6 +377,14 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_kernels_entry_key() -> str:
+    """``cpu_kernel_cache_key`` and the revision of this project's own CPU matmul paths, which
+    the kernel probe times (``bnb4_cpu``, ``int8_cpu``): what the kernel probe is cached under."""
+    from workbench.big_modeling.quantization import CPU_KERNELS_REVISION  # noqa: PLC0415
+
+    return f"{cpu_kernel_cache_key()}, workbench kernels r{CPU_KERNELS_REVISION}"
+
+
 def cached_cpu_kernels(
     measure: Callable[[], CpuKernelProbe] | None = None,
     cache_path: Path | None = None,
@@ -389,12 +397,14 @@ def cached_cpu_kernels(
     or the measurement fails (typical values are used, with a note in the log).
 
     A malformed cache file or entry is measured again, never fatal; ``again``: measured now,
-    in place of the cached entry.
+    in place of the cached entry. The entry's key adds the revision of this project's own CPU
+    matmul paths to ``cpu_kernel_cache_key`` (``quantization.CPU_KERNELS_REVISION``): a change
+    to them is measured again, as a new library version is.
     """
     return cached_probe(
         cache_path or cpu_kernel_cache_path(),
         "devices",
-        cpu_kernel_cache_key(),
+        cpu_kernels_entry_key(),
         CpuKernelProbe,
         measure or measure_cpu_kernels,
         measure_if_missing=measure_if_missing,

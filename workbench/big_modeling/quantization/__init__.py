@@ -16,3 +16,9 @@
 
 The joint planner is ``workbench.big_modeling.planning.precision_planner``.
 """
+
+CPU_KERNELS_REVISION = 2
+"""The revision of this package's own CPU matmul paths (``bnb4_cpu``, ``int8_cpu``); a CPU
+kernel measurement is cached under it (``models.device_probe.cpu_kernels_entry_key``), so a
+change to those paths is measured again. Raise it with each change to their speed.
+Revision 2: ``int8_cpu`` (int8 through one reused buffer, not torchao's per-call cast)."""
