@@ -372,7 +372,7 @@ def load_model(
             "loading needs a model folder with weights, not just a config.json"
         )
     tokenizer = _load_tokenizer(opened)  # before the tensors: not in the load's CPU figure
-    _import_quantizers(request.options)  # likewise: the libraries are runtime, not weights
+    _import_quantizers(request.options, dtype or _floating_dtype(opened.model))  # runtime too
     token.raise_if_cancelled()
     total = int(getattr(opened.checkpoint, "total_nbytes", 0) or 0)
     emit(Progress(rid, 0, total, phase="building"))
@@ -442,22 +442,36 @@ def load_model(
     return loaded
 
 
-def _import_quantizers(options: dict[str, Any]) -> None:
+def _import_quantizers(options: dict[str, Any], dtype: Any) -> None:
     """Import the quantization libraries a quantized load will use (torchao, and bitsandbytes
-    for nf4/fp4) before the load's CPU baseline is read, so their memory counts as runtime."""
+    for nf4/fp4) and warm each precision up (``backends.warm_up_quantization``: the libraries'
+    first-call set-up) before the load's CPU baseline is read, so that memory counts as
+    runtime, not as the weights'. ``dtype``: the weights' compute dtype."""
     precision_map, quantize = options.get("precision_map"), options.get("quantize")
     if not precision_map and not quantize:
         return
     import workbench.big_modeling.quantization.apply  # noqa: F401, PLC0415 (torchao)
+    from workbench.big_modeling.quantization.backends import warm_up_quantization  # noqa: PLC0415
     from workbench.big_modeling.quantization.precisions import parse_precision  # noqa: PLC0415
 
-    names = [*(precision_map or {}).values(), *([quantize] if quantize else [])]
+    names = sorted({str(name) for name in [*(precision_map or {}).values(), quantize] if name})
     kinds = set()
     with contextlib.suppress(ValueError):  # a bad name is the quantizer's clear error
         kinds = {parse_precision(name).kind for name in names}
     if kinds & {"nf4", "fp4"}:
         with contextlib.suppress(ImportError):  # a missing one is the quantizer's clear error
             import bitsandbytes  # noqa: F401, PLC0415
+    warm_up_quantization(names, dtype)  # a name that fails is the quantizer's clear error
+
+
+def _floating_dtype(model: Any) -> Any:
+    """The dtype of ``model``'s first floating parameter (float32 when it has none)."""
+    import torch  # noqa: PLC0415 (the GUI imports jobs)
+
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
 
 
 _OPEN_LOCK = threading.Lock()  # one open_model at a time, even after a cancelled one

@@ -26,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 from torchao.core.config import AOBaseConfig
@@ -195,3 +197,38 @@ def quantize_weight(weight: torch.Tensor, precision: Precision | str) -> torch.T
             f"torchao left a {list(weight.shape)} weight unquantized under {type(config).__name__}"
         )
     return holder.weight
+
+
+WARM_UP_SIDE = 128
+"""Side of the square weight ``warm_up_quantization`` quantizes (int4-g128's group size)."""
+
+
+def warm_up_quantization(precisions: Iterable[Precision | str], dtype: torch.dtype) -> list[str]:
+    """Quantize one small CPU weight to each precision and run a matmul through it, so that the
+    libraries' first-call set-up (lazily built kernels, lookup tables, dispatch caches) is done
+    before a load measures what its weights take: on this project's CPU about 0.14 MiB for the
+    first quantization of a kind and as much for its first matmul, which a 2M-parameter demo's
+    load and run would otherwise count as weights and activations (issue 21).
+
+    Args:
+        precisions: the precisions a load will quantize to (plain dtypes are skipped).
+        dtype: the compute dtype of the weights (int4, whose CPU kernel takes bfloat16 only,
+            is warmed in bfloat16).
+
+    Returns:
+        The precisions that could not be warmed (the load itself reports why).
+    """
+    failed = []
+    with torch.inference_mode():
+        for precision in precisions:
+            try:
+                parsed = parse_precision(precision)
+                if parsed.kind == "dtype":
+                    continue
+                compute = torch.bfloat16 if parsed.kind == "int4" else dtype
+                weight = torch.full((WARM_UP_SIDE, WARM_UP_SIDE), 0.01, dtype=compute)
+                quantized = quantize_weight(weight, parsed)
+                torch.nn.functional.linear(torch.ones(1, WARM_UP_SIDE, dtype=compute), quantized)
+            except (BadInputError, RuntimeError, ValueError, TypeError):
+                failed.append(str(precision))
+    return failed
