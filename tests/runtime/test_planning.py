@@ -9,7 +9,10 @@ import pytest
 
 from workbench.cli import main
 from workbench.commands import plan as plan_command
+from workbench.models.device_probe import CpuKernelProbe, cached_cpu_kernels
+from workbench.models.hardware import detect_hardware, with_cpu_kernels
 from workbench.models.intake import open_model
+from workbench.models.speed import predict_speed
 from workbench.runtime import planning
 from workbench.runtime.planning import (
     MemoryOptions,
@@ -67,3 +70,42 @@ def test_the_reserve_follows_the_weights_dtype(demo_dir: Path) -> None:
 
 def test_the_cli_offers_the_runtimes_strategies() -> None:
     assert plan_command.STRATEGIES == planning.STRATEGIES  # its parser needs them without torch
+
+
+def test_with_precisions_every_row_is_predicted_on_the_measured_kernels(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The joint row measures this CPU's kernels during the comparison; the plain rows beside
+    it are predicted on the same figures, not on the profile captured before the probe."""
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    stale = detect_hardware(measure_links=False)
+    assert not stale.kernel_costs.cpu_measured  # captured before any probe (a fresh machine)
+    probe = CpuKernelProbe(
+        bf16_gbps=1.5,  # far from the detected bandwidth: the plain rows' speed must move
+        efficiency={"plain": 1.0, "int8": 0.3},
+        seconds={"plain": 0.01, "int8": 0.02},
+        threads=2,
+        nbytes=2**20,
+        measured_at=0.0,
+    )
+    cached_cpu_kernels(lambda: probe)  # what the joint row's probe finds (measured once)
+    opened = open_model(demo_dir)
+    request = PlanRequest(
+        model=opened.model,
+        tree=opened.tree,
+        profile=stale,
+        budgets={"cpu": 2**30},
+        reserve={},
+        dtype=None,
+        no_split=list(opened.no_split_modules),
+        strategies=("auto",),
+        opened=opened,
+        precisions="int8,float16",
+    )
+    plain, joint = run_comparison(request)
+    assert plain.strategy == "auto" and joint.error == ""
+    measured = with_cpu_kernels(stale, probe)
+    expected = predict_speed(opened.tree, plain.plan.device_map, measured)
+    assert plain.prediction.tokens_per_s == pytest.approx(expected.tokens_per_s)
+    before = predict_speed(opened.tree, plain.plan.device_map, stale)
+    assert plain.prediction.tokens_per_s != pytest.approx(before.tokens_per_s)

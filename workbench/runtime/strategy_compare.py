@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from workbench.models.speed import predict_speed
 from workbench.runtime.engine import parse_dtype
 from workbench.runtime.load_check import check_load
 from workbench.runtime.planning import STRATEGIES, plan_opened_model
+from workbench.runtime.precision_planning import measured_profile
 from workbench.runtime.precision_session import JOINT_STRATEGY, plan_joint
 
 __all__ = ["STRATEGIES", "Candidate", "PlanRequest", "run_comparison"]
@@ -61,8 +62,15 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
 
     When ``request.dtype`` differs from the tree's planning dtype, the model's tree is rebuilt
     in that dtype first (``OpenedModel.with_dtype``): the speed prediction then counts the
-    bytes the plan counted, and applying the plan carries the dtype to the session.
+    bytes the plan counted, and applying the plan carries the dtype to the session. With
+    ``precisions`` every row is predicted on ``precision_planning.measured_profile`` (the
+    detected profile with this CPU's kernels measured, as the joint row needs them), so the
+    rows compare on the same figures.
     """
+    if request.precisions and request.profile is not None:
+        # the joint row measures this CPU's kernels (once per machine): every row's speed is
+        # predicted on the profile that carries them, not the plain rows on the figures before
+        request = replace(request, profile=measured_profile(request.profile))
     tree, resized = request.tree, None
     opened = request.opened
     if parse_dtype(request.dtype) != opened.planning_dtype:
