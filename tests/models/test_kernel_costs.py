@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from workbench.models.device_probe import (
     CpuKernelProbe,
@@ -159,3 +160,27 @@ def test_the_documented_table_also_refuses_cpu_int8(demo_llama_dir: Path) -> Non
         profile=CPU_ONLY,
     )
     assert set(result.plan.precision_map.values()) == {"float16"}
+
+
+def test_the_kernel_probe_runs_in_a_fresh_process_at_this_thread_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cached_cpu_kernels`` measures apart (the GUI's comparison asks for it on a worker
+    thread): the figures come back, the caller allocates none of the probe's weights."""
+    from workbench.runtime.memory_readings import read_anonymous_bytes
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    before = read_anonymous_bytes()
+    probe = cached_cpu_kernels()
+    after = read_anonymous_bytes()
+    assert probe is not None and probe.bf16_gbps > 0 and probe.efficiency["plain"] == 1.0
+    assert probe.threads == torch.get_num_threads()
+    assert {"int8", "int4"} <= set(probe.efficiency)
+    # in this process it would be 32 MiB of bf16 weights, their quantized copies and a 64 MiB
+    # flush buffer; apart, this process reads a JSON line
+    if before is not None and after is not None:
+        assert after - before < 16 * 2**20
+    assert (
+        cpu_kernels_entry_key()
+        in json.loads((tmp_path / "cpu-kernels.json").read_text())["devices"]
+    )

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,6 +43,7 @@ from workbench.models.cache_dirs import (
     workbench_cache_dir,
     write_measurement_cache,
 )
+from workbench.models.probe_process import measure_apart, probe_main
 
 logger = logging.getLogger(__name__)
 
@@ -346,6 +348,18 @@ def measure_cpu_kernels(
     )
 
 
+def measure_cpu_kernels_apart() -> CpuKernelProbe:
+    """``measure_cpu_kernels`` in a fresh process (``probe_process``) at this process's thread
+    count: the GUI's threads would hold the GIL between the timed calls, and the probe's
+    weights and 64 MiB flush buffer (about 0.2 GiB with every kind) would stay in the caller's
+    heap after it.
+
+    Raises:
+        RuntimeError: the probe process failed.
+    """
+    return measure_apart("workbench.models.device_probe", CpuKernelProbe, "the CPU kernel probe")
+
+
 def cpu_kernel_cache_path() -> Path:
     """The CPU kernel cache: ``<workbench cache dir>/cpu-kernels.json``."""
     return workbench_cache_dir() / "cpu-kernels.json"
@@ -392,9 +406,10 @@ def cached_cpu_kernels(
     measure_if_missing: bool = True,
     again: bool = False,
 ) -> CpuKernelProbe | None:
-    """This CPU's cached kernel probe, else ``measure()``'s (default ``measure_cpu_kernels``),
-    written to the cache; ``None`` when nothing is cached and ``measure_if_missing`` is false
-    or the measurement fails (typical values are used, with a note in the log).
+    """This CPU's cached kernel probe, else ``measure()``'s (default
+    ``measure_cpu_kernels_apart``: in a fresh process), written to the cache; ``None`` when
+    nothing is cached and ``measure_if_missing`` is false or the measurement fails (typical
+    values are used, with a note in the log).
 
     A malformed cache file or entry is measured again, never fatal; ``again``: measured now,
     in place of the cached entry. The entry's key adds the revision of this project's own CPU
@@ -406,8 +421,12 @@ def cached_cpu_kernels(
         "devices",
         cpu_kernels_entry_key(),
         CpuKernelProbe,
-        measure or measure_cpu_kernels,
+        measure or measure_cpu_kernels_apart,
         measure_if_missing=measure_if_missing,
         again=again,
         what="CPU kernels",
     )
+
+
+if __name__ == "__main__":
+    sys.exit(probe_main(lambda spec: asdict(measure_cpu_kernels())))
