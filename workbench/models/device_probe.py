@@ -43,6 +43,7 @@ from workbench.models.cache_dirs import (
     workbench_cache_dir,
     write_measurement_cache,
 )
+from workbench.models.machine_load import OtherLoad
 from workbench.models.probe_process import measure_apart, probe_main
 
 logger = logging.getLogger(__name__)
@@ -263,7 +264,9 @@ class CpuKernelProbe:
         seconds: ``{precision kind: best seconds per pass}`` over the probe's weights.
         threads: torch intra-op threads during the measurement.
         nbytes: bf16 bytes of the probe's weights.
-        measured_at: UNIX time of the measurement.
+        measured_at: UNIX time of the measurement (or of a later one that did not replace it).
+        others_busy: the share of the machine other processes took while it timed
+            (``machine_load``; ``None``: not known).
     """
 
     bf16_gbps: float
@@ -272,6 +275,7 @@ class CpuKernelProbe:
     threads: int
     nbytes: int
     measured_at: float
+    others_busy: float | None = None
 
 
 PROBE_PRECISIONS: Final = {
@@ -328,14 +332,15 @@ def measure_cpu_kernels(
         for tensors in formats.values():  # warm-up: first-call kernel setup, per weight
             for weight in tensors:
                 linear(activation, weight)
-        for round_index in range(repeats):
-            for kind, tensors in formats.items():
-                for index, weight in enumerate(tensors):
-                    flush.fill_(round_index)  # the weight comes from memory, as in decode
-                    start = time.perf_counter()
-                    linear(activation, weight)
-                    seconds = time.perf_counter() - start
-                    fastest[kind][index] = min(fastest[kind][index], seconds)
+        with OtherLoad() as load:
+            for round_index in range(repeats):
+                for kind, tensors in formats.items():
+                    for index, weight in enumerate(tensors):
+                        flush.fill_(round_index)  # the weight comes from memory, as in decode
+                        start = time.perf_counter()
+                        linear(activation, weight)
+                        seconds = time.perf_counter() - start
+                        fastest[kind][index] = min(fastest[kind][index], seconds)
     best = {kind: sum(times) for kind, times in fastest.items()}
     plain_rate = stored["plain"] / best["plain"]
     return CpuKernelProbe(
@@ -345,6 +350,7 @@ def measure_cpu_kernels(
         threads=torch.get_num_threads(),
         nbytes=stored["plain"],
         measured_at=time.time(),
+        others_busy=load.share,
     )
 
 

@@ -42,6 +42,7 @@ from torch import nn
 
 from workbench.models.cache_dirs import cached_probe, workbench_cache_dir
 from workbench.models.device_probe import cpu_kernel_cache_key
+from workbench.models.machine_load import OtherLoad
 from workbench.models.probe_process import measure_apart, probe_main
 
 __all__ = [
@@ -67,13 +68,16 @@ class DispatchOverhead:
         per_module_s: seconds per module call, a transformer layer's average per leaf module.
         step_s: seconds per forward outside the layers and their modules.
         threads: torch intra-op threads during the measurement.
-        measured_at: UNIX time of the measurement.
+        measured_at: UNIX time of the measurement (or of a later one that did not replace it).
+        others_busy: the share of the machine other processes took while it timed
+            (``machine_load``; ``None``: not known).
     """
 
     per_module_s: float
     step_s: float
     threads: int
     measured_at: float
+    others_busy: float | None = None
 
 
 def leaf_module_count(module: nn.Module) -> int:
@@ -130,9 +134,10 @@ def measure_dispatch_overhead(repeats: int = 5, short: int = 4, long: int = 36) 
     with torch.inference_mode():
         for model in models.values():
             _generate_s(model, short)  # warm-up: first-call kernel and cache set-up
-        for _ in range(repeats):
-            for key, fastest in best.items():
-                best[key] = min(fastest, _generate_s(models[key[0]], key[1]))
+        with OtherLoad() as load:
+            for _ in range(repeats):
+                for key, fastest in best.items():
+                    best[key] = min(fastest, _generate_s(models[key[0]], key[1]))
     step = {
         layers: (best[layers, long] - best[layers, short]) / (long - short) for layers in models
     }
@@ -151,6 +156,7 @@ def measure_dispatch_overhead(repeats: int = 5, short: int = 4, long: int = 36) 
         step_s=max(step[few] - few * per_layer - outside * per_module, 0.0),
         threads=torch.get_num_threads(),
         measured_at=time.time(),
+        others_busy=load.share,
     )
 
 

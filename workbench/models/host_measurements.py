@@ -24,6 +24,7 @@ from typing import Any
 
 from workbench.models.device_probe import CpuKernelProbe, cached_cpu_kernels
 from workbench.models.dispatch_probe import DispatchOverhead, cached_dispatch_overhead
+from workbench.models.machine_load import contended
 from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve
 
 __all__ = ["HostMeasurements", "measure_host_again"]
@@ -72,6 +73,14 @@ class HostMeasurements:
             k = self.cpu_kernels
             kinds = ", ".join(f"{kind} {share:.2f}" for kind, share in sorted(k.efficiency.items()))
             out.append(f"cpu kernels: bf16 reads {k.bf16_gbps:.1f} GB/s; of that: {kinds}")
+        probes = (self.dispatch, self.matmul_curve, self.cpu_kernels)
+        for line_index, probe in enumerate(probes):
+            if contended(probe):
+                share = getattr(probe, "others_busy", 0.0)
+                out[line_index] += (
+                    f" (other processes took {share:.0%} of the CPU meanwhile: measured again "
+                    "when next asked for, at most every 10 minutes, the quieter figures kept)"
+                )
         return out
 
     @property

@@ -52,6 +52,7 @@ import torch
 from workbench.big_modeling.dtypes import to_dtype
 from workbench.models.cache_dirs import cached_probe, workbench_cache_dir
 from workbench.models.device_probe import MIB, cpu_kernel_cache_key
+from workbench.models.machine_load import OtherLoad
 from workbench.models.probe_process import measure_apart, probe_main
 
 __all__ = [
@@ -82,6 +83,8 @@ class MatmulCurve:
         measured_at: UNIX time of the measurement.
         prefill_flops: ``{dtype name: FLOP/s}`` of a ``PREFILL_ROWS``-token matmul.
         transposed_points: ``points`` for weights stored ``(in, out)``, read by ``x @ W``.
+        others_busy: the share of the machine other processes took while it timed
+            (``machine_load``; ``None``: not known).
     """
 
     points: dict[str, list[list[float]]]
@@ -89,6 +92,7 @@ class MatmulCurve:
     measured_at: float
     prefill_flops: dict[str, float] = field(default_factory=dict)
     transposed_points: dict[str, list[list[float]]] = field(default_factory=dict)
+    others_busy: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -159,14 +163,15 @@ def measure_matmul_curve(
         for _, transposed, _, tensors, activation in cases:  # warm-up: first-call set-up
             for weight in tensors:
                 run(transposed, activation, weight)
-        for round_index in range(repeats):
-            for case_index, (_, transposed, _, tensors, activation) in enumerate(cases):
-                for index, weight in enumerate(tensors):
-                    flush.fill_(round_index)
-                    start = time.perf_counter()
-                    run(transposed, activation, weight)
-                    seconds = time.perf_counter() - start
-                    best[case_index][index] = min(best[case_index][index], seconds)
+        with OtherLoad() as load:
+            for round_index in range(repeats):
+                for case_index, (_, transposed, _, tensors, activation) in enumerate(cases):
+                    for index, weight in enumerate(tensors):
+                        flush.fill_(round_index)
+                        start = time.perf_counter()
+                        run(transposed, activation, weight)
+                        seconds = time.perf_counter() - start
+                        best[case_index][index] = min(best[case_index][index], seconds)
     points: dict[str, list[list[float]]] = {}
     transposed_points: dict[str, list[list[float]]] = {}
     for (name, transposed, nbytes, _, _), times in zip(cases, best, strict=True):
@@ -178,6 +183,7 @@ def measure_matmul_curve(
         measured_at=time.time(),
         prefill_flops=measure_prefill_flops(dtypes, repeats=repeats),
         transposed_points=transposed_points,
+        others_busy=load.share,
     )
 
 
