@@ -20,7 +20,9 @@ def test_measure_prints_each_probe_and_caches_them(
     drowned = lines[0].startswith("dispatch: not measured (see the log)")
     assert code == (1 if drowned else 0), err
     assert drowned or re.fullmatch(
-        r"dispatch: [\d.]+ us per module call, [\d.]+ ms per forward \(\d+ threads\)", lines[0]
+        r"dispatch: [\d.]+ us per module call, [\d.]+ ms per forward \(\d+ threads\)"
+        r"( \(other processes took \d+% of the CPU meanwhile: .*\))?",  # the suite's own load
+        lines[0],
     )
     assert lines[1].startswith("cpu matmul curve: a 1 MiB weight takes ") and "bfloat16" in lines[1]
     assert lines[2].startswith("cpu kernels: bf16 reads ")
