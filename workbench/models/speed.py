@@ -89,6 +89,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.big_modeling.device_map.value import DeviceMap
 from workbench.big_modeling.dtypes import to_dtype
 from workbench.big_modeling.errors import DeviceMapError
+from workbench.big_modeling.quantization.dense_buffers import DENSE_COPY_KINDS
 from workbench.big_modeling.quantization.sizes import precision_of
 from workbench.models.hardware import HardwareProfile
 from workbench.models.kernel_costs import MEMORY_BANDWIDTH_UTILIZATION, KernelCosts, precision_kind
@@ -255,6 +256,9 @@ def predict_speed(
     kinds: dict[str, str] = {}
     # every layer of a map without a GPU runs on the CPU: its Linear weights read on the curve
     curve = profile.cpu_matmul_curve if main_device == "cpu" else None
+    cpu_read_bw = (
+        max(profile.device("cpu").memory_bandwidth_gbps, 1e-3) * GB * mbu if curve else 0.0
+    )
 
     layers: list[LayerPrediction] = []
     uncovered: list[str] = []
@@ -273,7 +277,7 @@ def predict_speed(
                 continue
             bytes_by_tier[tier] = bytes_by_tier.get(tier, 0) + nbytes
             kind = _tensor_kind(tree, tensor_name, precisions, kinds)
-            seconds = _curve_seconds(tree, tensor_name, nbytes, curve, kind, costs)
+            seconds = _curve_seconds(tree, tensor_name, nbytes, curve, kind, costs, cpu_read_bw)
             if seconds is not None:
                 curve_s += seconds
                 curve_bytes[kind] = curve_bytes.get(kind, 0) + nbytes
@@ -390,13 +394,23 @@ def _curve_seconds(
     curve: MatmulCurve | None,
     kind: str = "plain",
     costs: KernelCosts | None = None,
+    read_bw: float = 0.0,
 ) -> float | None:
     """The CPU matmul curve's seconds for ``tensor`` when it is a Linear weight (``None``:
     no curve, another tensor, or a dtype the curve has no points for).
 
-    A quantized weight (``kind`` not plain) of ``nbytes`` stored is read at ``eff`` of the
-    rate the curve measured for its 16-bit weight (``P`` bytes): ``curve(P) x nbytes / P /
-    eff`` (``eff`` is measured against that 16-bit kernel: ``device_probe``, ``kernel_costs``).
+    A quantized weight (``kind`` not plain) of ``nbytes`` stored and ``P`` bytes at 16 bits
+    runs at ``eff`` of the 16-bit kernel's rate (``eff`` is measured against that kernel on a
+    large weight: ``device_probe``, ``kernel_costs``), so it takes ``nbytes / eff`` where the
+    16-bit kernel takes ``P``, at the CPU's read rate ``read_bw`` (``M x mbu``):
+
+    - nf4/fp4/int8 (``DENSE_COPY_KINDS``): the weight is dequantized into a dense buffer, then
+      one 16-bit matmul runs on it, so ``curve(P) + max(nbytes / eff - P, 0) / read_bw``: the
+      dequantization is the extra time, and the matmul follows the curve at every size (the
+      product ``curve(P) x nbytes / P / eff`` scaled a small weight's fixed per-call cost by
+      the large weight's dequantize ratio: SmolLM2-135M in nf4 predicted 12.4 tok/s on this
+      project's AVX-512 CPU, 16.4 measured; 16.0 this way);
+    - other kinds (a fused kernel such as int4's tinygemm): ``curve(P) x nbytes / P / eff``.
     """
     if curve is None:
         return None
@@ -411,7 +425,10 @@ def _curve_seconds(
     seconds = curve.seconds(plain, dtype, transposed=transposed) if plain > 0 else None
     if seconds is None or costs is None:
         return None
-    return seconds * nbytes / plain / costs.efficiency("cpu", kind)
+    efficiency = costs.efficiency("cpu", kind)
+    if kind in DENSE_COPY_KINDS and read_bw > 0:
+        return seconds + max(nbytes / efficiency - plain, 0.0) / read_bw
+    return seconds * nbytes / plain / efficiency
 
 
 def _is_linear(tree: ModuleTree, module: str) -> bool:

@@ -23,7 +23,10 @@ from workbench.big_modeling.device_map.coverage import non_persistent_buffer_nam
 from workbench.big_modeling.device_map.value import device_for
 from workbench.big_modeling.devices import device_label
 from workbench.big_modeling.planning.device_reserve import reserve_per_device
-from workbench.big_modeling.quantization.dense_buffers import dequantize_buffer_nbytes
+from workbench.big_modeling.quantization.dense_buffers import (
+    DENSE_COPY_KINDS,
+    dequantize_buffer_nbytes,
+)
 from workbench.big_modeling.quantization.precisions import parse_precision
 from workbench.big_modeling.quantization.sizes import quantized_weight_nbytes
 
@@ -168,11 +171,6 @@ def offload_staging_bytes(
     ]
     largest = max(sizes, default=0)
     return {main: largest} if largest else {}
-
-
-DENSE_COPY_KINDS = ("nf4", "fp4", "int8")
-"""Precision kinds whose matmul computes with a dense copy of the weight: bitsandbytes' nf4/fp4
-and torchao's int8 weight-only (``Int8Tensor`` casts the weight for each matmul)."""
 
 
 def computes_with_dense_copy(precision: str | None) -> bool:

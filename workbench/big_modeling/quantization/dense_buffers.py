@@ -26,11 +26,18 @@ from math import prod
 import torch
 
 __all__ = [
+    "DENSE_COPY_KINDS",
     "dense_buffer",
     "dequantize_buffer_nbytes",
     "held_dequantize_buffer_bytes",
     "release_dequantize_buffers",
 ]
+
+
+DENSE_COPY_KINDS = ("nf4", "fp4", "int8")
+"""Precision kinds whose matmul computes with a dense copy of the weight: bitsandbytes' nf4/fp4
+and torchao's int8 weight-only (``Int8Tensor`` casts the weight for each matmul); on the CPU
+the copy is made into this module's buffers (``bnb4_cpu``, ``int8_cpu``)."""
 
 
 class _Buffers:
