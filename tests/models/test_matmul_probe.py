@@ -146,6 +146,26 @@ def test_a_cpu_linear_is_read_in_the_curves_time() -> None:
     assert timed[1].compute_s == plain[1].compute_s  # a LayerNorm is no matmul
 
 
+def test_a_tree_counted_as_stored_reads_each_weight_on_its_stored_dtypes_curve() -> None:
+    # a float16 checkpoint opened as stored (no planning dtype) runs its float16 kernels: read
+    # by its bytes per parameter it was taken for bfloat16, which on this project's AVX-512 CPU
+    # decodes two to three times slower at these sizes (a 60M float16 Llama: -46%, now -12%)
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1000, 1000, bias=False), nn.LayerNorm(1000)).half()
+    tree = build_module_tree(model)  # as stored
+    assert tree.planning_dtype is None and tree.tensor_dtypes["0.weight"] == torch.float16
+    profile = replace(
+        load_profile("cpu-laptop-16gb"),
+        module_call_us=0.0,
+        forward_call_us=0.0,
+        cpu_matmul_curve=CURVE,  # float16 points, none for bfloat16
+    )
+    layers = predict_speed(tree, {"": "cpu"}, profile, prompt_tokens=64).per_layer
+    assert layers[0].compute_s == pytest.approx(1e-4 + 1e-4 / 3)  # the float16 curve
+    # and the prefill runs at the float16 FLOP/s the probe measured (2e10)
+    assert layers[0].prefill_compute_s == pytest.approx(max(2 * 1e6 * 64 / 2e10, 1e-4 + 1e-4 / 3))
+
+
 def test_a_dense_copy_cpu_linear_is_the_curves_matmul_plus_its_dequantization() -> None:
     # nf4 dequantizes into a dense buffer, then one 16-bit matmul runs on it: the curve's
     # 16-bit time plus the time the measured efficiency says the weight takes beyond its 16-bit

@@ -77,6 +77,8 @@ class ModuleTree:
         tensor_owner: the module name holding each tensor directly.
         tied_groups: names that share one tensor, each group sorted, groups sorted.
         planning_dtype: the dtype floating tensors are counted in, or ``None`` for as stored.
+        tensor_dtypes: the dtype each counted tensor is counted in (the planning dtype for a
+            floating one, else its stored dtype); empty for a tree built without it.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class ModuleTree:
         tensor_owner: dict[str, str],
         tied_groups: list[list[str]],
         planning_dtype: torch.dtype | None,
+        tensor_dtypes: dict[str, torch.dtype] | None = None,
     ) -> None:
         self._nodes = nodes
         self.root = nodes[""]
@@ -96,6 +99,7 @@ class ModuleTree:
         self.tensor_owner = tensor_owner
         self.tied_groups = tied_groups
         self.planning_dtype = planning_dtype
+        self.tensor_dtypes = tensor_dtypes if tensor_dtypes is not None else {}
 
     def node(self, name: str) -> ModuleNode:
         """Return the node for a dotted module name.
@@ -204,6 +208,7 @@ def _build(
     aliases: dict[int, list[str]] = {}
     leaf_tensors: list[str] = []
     tensor_nbytes: dict[str, int] = {}
+    tensor_dtypes: dict[str, torch.dtype] = {}
     tensor_owner: dict[str, str] = {}
     # One explicit-stack walk over _modules/_parameters/_buffers visits what named_modules,
     # named_parameters and named_buffers (remove_duplicate=False) visit, in the same order,
@@ -244,8 +249,10 @@ def _build(
                 stored_dtype = stored_dtypes.get(tensor_name, tensor.dtype)
                 if plan_size and stored_dtype.is_floating_point:
                     planned = int(numel * plan_size)
+                    tensor_dtypes[tensor_name] = dtype  # type: ignore[assignment]
                 else:
                     planned = stored
+                    tensor_dtypes[tensor_name] = stored_dtype
                 tensor_nbytes[tensor_name] = planned
                 node.nbytes += planned
                 node.stored_nbytes += stored
@@ -277,6 +284,7 @@ def _build(
         tensor_owner=tensor_owner,
         tied_groups=tied_groups,
         planning_dtype=dtype,
+        tensor_dtypes=tensor_dtypes,
     )
 
 

@@ -137,6 +137,7 @@ def with_tensor_sizes(tree: ModuleTree, tensor_nbytes: Mapping[str, int]) -> Mod
         tensor_owner=tree.tensor_owner,
         tied_groups=tree.tied_groups,
         planning_dtype=tree.planning_dtype,
+        tensor_dtypes=tree.tensor_dtypes,
     )
 
 

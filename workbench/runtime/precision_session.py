@@ -165,6 +165,7 @@ def resized_tree(tree: ModuleTree, tensor_nbytes: Mapping[str, int]) -> ModuleTr
         tensor_owner=tree.tensor_owner,
         tied_groups=tree.tied_groups,
         planning_dtype=tree.planning_dtype,
+        tensor_dtypes=tree.tensor_dtypes,
     )
 
 
