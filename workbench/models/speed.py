@@ -26,7 +26,8 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
     tokens_per_s          = B / per-token decode time
     prefill_s             = sum of prefill layer times + forward_call_s (one forward over the
                             prompt: all an encoder such as BERT ever runs)
-    ttft_s                = prefill_s + one decode step
+    ttft_s                = prefill_s (the prompt's forward yields the first token; the
+                            inference test times it so, from the prompt to that token)
 
 On the CPU, with the profile's ``cpu_matmul_curve`` (``matmul_probe``: measured for the
 detected profile), a plain Linear weight of ``W_t`` bytes is read in the curve's seconds for
@@ -160,8 +161,9 @@ class SpeedPrediction:
             ``"disk"``), for a one-line summary.
         prefetch: whether transfers overlap compute.
         prompt_tokens: the prompt length used for ``ttft_s``.
-        prefill_s: seconds of one forward over ``prompt_tokens`` (``ttft_s`` less a decode
-            step): the figure for a model that runs one forward and generates nothing.
+        prefill_s: seconds of one forward over ``prompt_tokens`` (``ttft_s``: that forward
+            yields the first token): the figure for a model that runs one forward and
+            generates nothing.
     """
 
     tokens_per_s: float
@@ -346,7 +348,7 @@ def predict_speed(
     compute_total = sum(layer.compute_s for layer in layers) + forward_call_s
     return SpeedPrediction(
         tokens_per_s=batch_size / decode_s if decode_s > 0 else float("inf"),
-        ttft_s=prefill_s + decode_s,
+        ttft_s=prefill_s,
         per_layer=layers,
         decode_s=decode_s,
         transfer_s=transfer_total,

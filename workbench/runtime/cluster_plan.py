@@ -118,7 +118,7 @@ class ClusterCandidate:
     decode_tokens_per_s: float
     pipelined_tokens_per_s: float
     prefill_tokens_per_s: float
-    ttft_s: float
+    ttft_s: float  # the prompt's forward through every stage and hop: it yields the first token
     trace: tuple[str, ...] = ()
 
     @property
@@ -501,7 +501,7 @@ def _plan_candidate(
         decode_tokens_per_s=batch / decode_total,
         pipelined_tokens_per_s=batch / slowest,
         prefill_tokens_per_s=batch * prompt / prefill_total,
-        ttft_s=prefill_total + decode_total,
+        ttft_s=prefill_total,  # the prompt's forward through every stage yields the first token
         trace=candidate_trace,
     )
 
