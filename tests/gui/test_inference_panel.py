@@ -161,6 +161,23 @@ def test_the_status_says_what_the_worker_measures_after_the_tokens(qtbot, panel)
     assert panel.status_label.text() == "infer done"
 
 
+def test_a_run_that_paged_weights_in_says_so_beside_its_time_to_first_token(qtbot, panel) -> None:
+    rid = panel.run()
+    result = _result(rid)
+    paged = dataclasses.replace(result.value, paged_in_bytes=257 * 2**20)
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        panel.bridge.host.play(dataclasses.replace(result, value=paged))
+    assert panel.ttft_label.text() == "250 ms (predicted 200 ms) · paged in 257 MiB"
+    assert "This run paged in 257 MiB of memory-mapped weights on first use" in (
+        panel.ttft_label.toolTip()
+    )
+    rid = panel.run()  # the next run touches them again: nothing to say
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        panel.bridge.host.play(_result(rid))
+    assert panel.ttft_label.text() == "250 ms (predicted 200 ms)"
+    assert "paged in" not in panel.ttft_label.toolTip()
+
+
 def test_verify_shows_a_clear_pass_or_fail(qtbot, panel) -> None:
     host = panel.bridge.host
     panel.verify_button.click()

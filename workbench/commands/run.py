@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from workbench.commands.run_pipeline import add_pipeline_arguments, run_pipeline_command
 from workbench.runtime import BadInputError, CancelToken
+from workbench.runtime.formatting import paged_in_words
 from workbench.runtime.jobs import JobRunner
 from workbench.runtime.offload_folders import new_offload_folder
 from workbench.runtime.protocol import (
@@ -525,6 +526,9 @@ class _Printer:
                     f"predicted for {where}: {predicted['tokens_per_s']:.2f} tokens/s, "
                     f"time to first token {predicted['ttft_s'] * 1000:.1f} ms"
                 )
+        paged = paged_in_words(result.paged_in_bytes, one_forward=result.one_forward)
+        if paged:
+            print(paged)
         from workbench.runtime.telemetry import group_layers  # noqa: PLC0415 (numpy: not at CLI start)
 
         units = [key for key in self.device_map if key]

@@ -19,6 +19,7 @@ from workbench.runtime.formatting import (
     format_nbytes,
     format_rate,
     format_seconds,
+    paged_in_words,
 )
 from workbench.runtime.protocol import InferenceResult, LayerTiming, VerifyResult
 from workbench.runtime.run_records import RunRecord
@@ -132,6 +133,7 @@ def figures_with_predictions(value: InferenceResult) -> tuple[str, str, str]:
     """The TTFT and decode-speed texts, each with the speed model's prediction beside it and
     the hardware it is for, and their shared tooltip."""
     where = hardware_words(value.predicted_for)
+    paged = paged_in_words(value.paged_in_bytes, one_forward=value.one_forward)
     if value.one_forward:  # nothing generated: the forward's time is the figure
         forward = format_seconds(value.ttft_s)
         if value.prompt_tokens:
@@ -142,6 +144,9 @@ def figures_with_predictions(value: InferenceResult) -> tuple[str, str, str]:
             "The model generates no tokens: its test is one forward over the input, timed "
             "beside the speed model's prediction for that forward"
         )
+        if paged:
+            forward += f" · paged in {format_nbytes(value.paged_in_bytes)}"
+            tip += f". {paged[0].upper()}{paged[1:]}: a zero-copy load maps them, the first run reads them"
         return forward, "— (the model generates no tokens)", tip
     predicted_ttft = value.predicted.get("ttft_s")
     predicted_rate = value.predicted.get("tokens_per_s")
@@ -155,6 +160,11 @@ def figures_with_predictions(value: InferenceResult) -> tuple[str, str, str]:
         "The speed model's prediction for the loaded map on "
         f"{where.removeprefix(' on ') or 'the selected hardware'}, beside the measured figure"
     )
+    if paged:  # the first run after a zero-copy load reads its weights as it touches them
+        ttft += f" · paged in {format_nbytes(value.paged_in_bytes)}"
+        tip += (
+            f". {paged[0].upper()}{paged[1:]}: a zero-copy load maps them, the first run reads them"
+        )
     return ttft, rate, tip
 
 

@@ -95,3 +95,24 @@ def _plain(value: float) -> str:
         return f"{rounded:,.0f}"
     decimals = 2 - math.floor(math.log10(abs(rounded)))
     return f"{rounded:.{decimals}f}".rstrip("0").rstrip(".")  # as "g" does: 3.5, not 3.50
+
+
+PAGED_IN_NOTE_BYTES = 2**20
+"""File-backed bytes a run must page in before ``paged_in_words`` says so."""
+
+
+def paged_in_words(nbytes: int, *, one_forward: bool = False) -> str:
+    """What a run's ``paged_in_bytes`` cost it, in words ("" below ``PAGED_IN_NOTE_BYTES``);
+    ``one_forward``: a run that generated nothing (its figure is the forward's time).
+
+    Example:
+        >>> paged_in_words(257 * 2**20)
+        'this run paged in 257 MiB of memory-mapped weights on first use (in its time to first token; not in the prediction)'
+    """
+    if nbytes < PAGED_IN_NOTE_BYTES:
+        return ""
+    figure = "its forward's time" if one_forward else "its time to first token"
+    return (
+        f"this run paged in {format_nbytes(nbytes)} of memory-mapped weights on first use "
+        f"(in {figure}; not in the prediction)"
+    )

@@ -35,6 +35,7 @@ from workbench.models.hardware import (
 )
 from workbench.models.speed import layer_unit_names, predict_speed
 from workbench.runtime.chat import chat_prompt, stop_token_ids
+from workbench.runtime.memory_readings import read_file_backed_bytes
 from workbench.runtime.model_inputs import (
     SYNTHETIC_SEED,
     ModelInputs,
@@ -245,6 +246,7 @@ def run_inference(
     """
     rid = request.request_id
     picker = TokenPicker(request.sampling)
+    file_backed = read_file_backed_bytes()
     start_s = time.perf_counter()
     inputs, prompt_text, templated = _prompt(loaded, request)
     inputs = inputs.to(execution_device(loaded.device_map))
@@ -293,6 +295,8 @@ def run_inference(
                 if token_id in stop_ids:
                     stop_reason = "eos"
     end_s = time.perf_counter()
+    after = read_file_backed_bytes()
+    paged_in = max(0, after - file_backed) if after is not None and file_backed is not None else 0
     ttft_s = first_token_s - start_s
     if generate and len(new_ids) > 1:
         tokens_per_s = (len(new_ids) - 1) / max(last_token_s - first_token_s, 1e-9)
@@ -318,6 +322,7 @@ def run_inference(
         stop_reason=stop_reason,
         sampling=sampling_dict(request.sampling),
         predicted_for=hardware_name(request.profile) if predicted else "",
+        paged_in_bytes=paged_in,
     )
 
 

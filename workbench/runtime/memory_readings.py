@@ -60,6 +60,19 @@ def _kib_field(path: str, key: bytes) -> int | None:
     return None
 
 
+def read_file_backed_bytes(status_path: str = _STATUS) -> int | None:
+    """This process's resident file-backed bytes (``RssFile`` of ``/proc/self/status``): pages
+    of memory-mapped files it has touched, weights of a zero-copy load among them (they join
+    it on first use); ``None`` where the system does not say.
+
+    Example:
+        >>> nbytes = read_file_backed_bytes()
+        >>> nbytes is None or nbytes >= 0
+        True
+    """
+    return _kib_field(status_path, b"RssFile:")
+
+
 def read_anonymous_bytes(rollup_path: str = _SMAPS_ROLLUP) -> int | None:
     """This process's anonymous resident bytes (heap, torch's CPU tensors), exact.
 

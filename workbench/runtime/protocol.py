@@ -183,6 +183,9 @@ class InferenceResult:
     ``"max_new_tokens"`` or ``"forward"`` (one forward, no generation), and ``sampling`` holds
     the ``Sampling`` fields the run used. ``memory``: the run's peak bytes per device against
     the weights plus the predicted KV cache and activations (``None`` when not measured).
+    ``paged_in_bytes``: file-backed pages the run touched first (``RssFile`` growth): weights a
+    zero-copy load left memory-mapped are read on first use, so the first run after it pays
+    for them in its time to first token, which the speed model does not count.
     """
 
     text: str
@@ -200,6 +203,7 @@ class InferenceResult:
     sampling: dict[str, Any] = field(default_factory=dict)
     predicted_for: str = ""
     memory: MemoryReconciliation | None = None
+    paged_in_bytes: int = 0
 
     @property
     def one_forward(self) -> bool:
