@@ -28,6 +28,22 @@ with the tensors alone; it costs decode speed (``benchmarks/bench_heap_threshold
 ``--quantize nf4,int8`` loads each map quantized to each precision instead (the ``dtype`` column
 names it): the runs add the 4-bit weights' dequantize buffer to the CPU's reserve.
 
+What the rows still miss (2026-12-06, 2-core AVX-512 EPYC), all of it the C heap's slack beyond
+the live blocks, which no formula of the model predicts:
+
+- every run on the CPU: 0.4-0.7 MiB above its KV cache, activations and matmul workspace. In
+  one worker, a second and third run of the same prompt add 0.35 MiB each (the heap's pages
+  touched by a forward's short-lived blocks, above the live peak); the first adds about 0.3
+  MiB more (first-call set-up of the code paths: a one-layer warm-up model before the load
+  recovered part of it, at 1.7 s per load, and was not kept). On the 8M demos' CPU + disk maps,
+  whose CPU totals are 8 MiB, that is -7.8% to -8.7%;
+- quantized loads: 10-14 KiB per nf4 and int8 weight that the heap keeps around the small
+  blocks each quantization keeps between the temporaries it frees (mallinfo2: the live blocks
+  are the weights' bytes plus 2 KiB per weight; a fixed mmap threshold during quantization
+  leaves 3-6 KiB; copying the kept blocks afterwards made int8 worse); 0.3-0.8 MiB of an 8M
+  demo's 3-8 MiB, 2.5 MiB of SmolLM2-135M's 82 MiB of nf4 weights on CPU + disk, whose run also
+  touches 6 MiB more than on the CPU map (-9.1%).
+
     python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
         [--prompt-repeat 22] [--quantize nf4,int8]
 """
