@@ -41,8 +41,9 @@ the live blocks, which no formula of the model predicts:
   blocks each quantization keeps between the temporaries it frees (mallinfo2: the live blocks
   are the weights' bytes plus 2 KiB per weight; a fixed mmap threshold during quantization
   leaves 3-6 KiB; copying the kept blocks afterwards made int8 worse); 0.3-0.8 MiB of an 8M
-  demo's 3-8 MiB, 2.5 MiB of SmolLM2-135M's 82 MiB of nf4 weights on CPU + disk, whose run also
-  touches 6 MiB more than on the CPU map (-9.1%).
+  demo's 3-8 MiB, 2.5 MiB of SmolLM2-135M's 82 MiB of nf4 weights on CPU + disk (with its run's
+  slack, 5.2 MiB above the prediction, as on the CPU map: -9.1% of the smaller total). The
+  quantization leaves glibc's heap at 580-657 MiB of address space, 400 MiB of it free.
 
     python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
         [--prompt-repeat 22] [--quantize nf4,int8]
