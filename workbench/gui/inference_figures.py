@@ -144,9 +144,7 @@ def figures_with_predictions(value: InferenceResult) -> tuple[str, str, str]:
             "The model generates no tokens: its test is one forward over the input, timed "
             "beside the speed model's prediction for that forward"
         )
-        if paged:
-            forward += f" · paged in {format_nbytes(value.paged_in_bytes)}"
-            tip += f". {paged[0].upper()}{paged[1:]}: a zero-copy load maps them, the first run reads them"
+        forward, tip = _with_paged_in(forward, tip, value.paged_in_bytes, paged)
         return forward, "— (the model generates no tokens)", tip
     predicted_ttft = value.predicted.get("ttft_s")
     predicted_rate = value.predicted.get("tokens_per_s")
@@ -160,12 +158,19 @@ def figures_with_predictions(value: InferenceResult) -> tuple[str, str, str]:
         "The speed model's prediction for the loaded map on "
         f"{where.removeprefix(' on ') or 'the selected hardware'}, beside the measured figure"
     )
-    if paged:  # the first run after a zero-copy load reads its weights as it touches them
-        ttft += f" · paged in {format_nbytes(value.paged_in_bytes)}"
-        tip += (
-            f". {paged[0].upper()}{paged[1:]}: a zero-copy load maps them, the first run reads them"
-        )
+    ttft, tip = _with_paged_in(ttft, tip, value.paged_in_bytes, paged)
     return ttft, rate, tip
+
+
+def _with_paged_in(figure: str, tip: str, nbytes: int, words: str) -> tuple[str, str]:
+    """``figure`` and ``tip`` with what the run paged in (``words``: ``paged_in_words``; the
+    first run after a zero-copy load reads its weights as it touches them), unchanged without."""
+    if not words:
+        return figure, tip
+    return (
+        f"{figure} · paged in {format_nbytes(nbytes)}",
+        f"{tip}. {words[0].upper()}{words[1:]}: a zero-copy load maps them, the first run reads them",
+    )
 
 
 def fill_layer_table(

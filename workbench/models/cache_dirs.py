@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from workbench.big_modeling.atomic import atomic_write_text
 from workbench.big_modeling.json_files import JsonFileError, read_json
+from workbench.models.machine_load import contended
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +110,6 @@ CONTENDED_RETRY_S = 600.0
 
 
 def _retry_due(probe: object) -> bool:
-    from workbench.models.machine_load import contended  # noqa: PLC0415 (psutil)
-
     measured_at = getattr(probe, "measured_at", None)
     return (
         contended(probe)
@@ -137,12 +136,7 @@ def _measure_again_if_quieter(
     else:
         kept = dataclass_replace(cached, measured_at=time.time())  # type: ignore[type-var]
         logger.info("%s: measured again under as much load; the earlier figures stay", what)
-    entries = read_measurement_cache(path, field)
-    entries[key] = asdict(kept)  # type: ignore[call-overload]
-    try:
-        write_measurement_cache(path, field, entries)
-    except OSError as exc:
-        logger.warning("%s cache %s not written: %s", what, path, exc)
+    _store(path, field, key, kept, what=what)
     return kept
 
 
@@ -158,10 +152,16 @@ def measure_probe(
     except (RuntimeError, ImportError) as exc:
         logger.warning("%s not measured, typical values used: %s", what, exc)
         return None
+    _store(path, field, key, probe, what=what)
+    return probe
+
+
+def _store(path: Path, field: str, key: str, probe: Any, *, what: str) -> None:
+    """Write ``probe`` under ``key`` in the ``field`` table of the cache ``path`` (a failed
+    write is logged: the probe is used all the same)."""
     entries = read_measurement_cache(path, field)
     entries[key] = asdict(probe)
     try:
         write_measurement_cache(path, field, entries)
     except OSError as exc:
         logger.warning("%s cache %s not written: %s", what, path, exc)
-    return probe

@@ -88,7 +88,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench.big_modeling.device_map.value import DeviceMap
-from workbench.big_modeling.dtypes import to_dtype
+from workbench.big_modeling.dtypes import dtype_name, to_dtype
 from workbench.big_modeling.errors import DeviceMapError
 from workbench.big_modeling.quantization.dense_buffers import DENSE_COPY_KINDS
 from workbench.big_modeling.quantization.sizes import precision_of
@@ -269,6 +269,7 @@ def predict_speed(
         bytes_by_kind: dict[str, int] = {}
         curve_s = 0.0  # Linear weights read in the curve's time
         curve_bytes: dict[str, int] = {}  # their bytes, by kind
+        bytes_by_dtype: dict[Any, int] = {}  # floating bytes by the dtype they are counted in
         for tensor_name in _unit_tensors(unit):
             nbytes = tree.tensor_nbytes.get(tensor_name)
             if nbytes is None:  # a tied alias: counted under its first name
@@ -278,6 +279,9 @@ def predict_speed(
                 uncovered.append(tensor_name)
                 continue
             bytes_by_tier[tier] = bytes_by_tier.get(tier, 0) + nbytes
+            dtype = tree.tensor_dtypes.get(tensor_name)
+            if dtype is not None and dtype.is_floating_point:
+                bytes_by_dtype[dtype] = bytes_by_dtype.get(dtype, 0) + nbytes
             kind = _tensor_kind(tree, tensor_name, precisions, kinds)
             seconds = _curve_seconds(tree, tensor_name, nbytes, curve, kind, costs, cpu_read_bw)
             if seconds is not None:
@@ -310,7 +314,12 @@ def predict_speed(
         decode_compute_s = _with_dispatch(
             max(flops / flops_per_s, weight_read_s), dispatch_s, execution
         )
-        prefill_rate = _prefill_rate(tree, unit, curve) or flops_per_s
+        unit_dtype = (
+            dtype_name(max(bytes_by_dtype, key=lambda d: bytes_by_dtype[d]))
+            if bytes_by_dtype
+            else _dtype_name(tree, unit.name)
+        )
+        prefill_rate = _prefill_rate(curve, unit_dtype) or flops_per_s
         prefill_compute_s = _with_dispatch(
             max(flops * prompt_tokens / prefill_rate, weight_read_s), dispatch_s, execution
         )
@@ -381,21 +390,13 @@ def _tensor_kind(
     return kind
 
 
-def _prefill_rate(tree: ModuleTree, unit: ModuleNode, curve: MatmulCurve | None) -> float | None:
-    """The FLOP/s the CPU's matmul probe measured for a prefill in ``unit``'s dtype (``None``:
-    no curve, or none for that dtype: the nominal TFLOP/s decide)."""
+def _prefill_rate(curve: MatmulCurve | None, dtype: str) -> float | None:
+    """The FLOP/s the CPU's matmul probe measured for a prefill in ``dtype``, the dtype most of
+    a layer's bytes are counted in (``None``: no curve, or none for that dtype: the nominal
+    TFLOP/s decide)."""
     if curve is None or not curve.prefill_flops:
         return None
-    floating = [
-        (tree.tensor_nbytes.get(name, 0), dtype)
-        for name in _unit_tensors(unit)
-        if (dtype := tree.tensor_dtypes.get(name)) is not None and dtype.is_floating_point
-    ]
-    if tree.planning_dtype is None and floating:  # the dtype of most of its bytes, as stored
-        return curve.prefill_flops.get(
-            str(max(floating, key=lambda f: f[0])[1]).removeprefix("torch.")
-        )
-    return curve.prefill_flops.get(_dtype_name(tree, unit.name))
+    return curve.prefill_flops.get(dtype)
 
 
 def _curve_seconds(
@@ -458,10 +459,10 @@ def _dtype_name(tree: ModuleTree, module: str) -> str:
     decode sizes), else by its bytes per parameter (2: bfloat16, the usual 16-bit checkpoint;
     4: float32)."""
     if tree.planning_dtype is not None:
-        return str(tree.planning_dtype).removeprefix("torch.")
+        return dtype_name(tree.planning_dtype)
     stored = tree.tensor_dtypes.get(f"{module}.weight" if module else "weight")
     if stored is not None and stored.is_floating_point:
-        return str(stored).removeprefix("torch.")
+        return dtype_name(stored)
     node = tree.node(module)
     per_param = node.nbytes / node.param_count if node.param_count else 2
     return "float32" if per_param >= 4 else "bfloat16"

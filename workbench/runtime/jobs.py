@@ -349,6 +349,7 @@ def load_model(
     from workbench.big_modeling.dtypes import parse_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.models.gguf import is_gguf_path  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.runtime.c_heap import release_free_heap  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.runtime.verify_compare import model_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     check_devices_available(request.device_map)  # before the build: cuda:99, mps, meta named
     rid = request.request_id
@@ -372,7 +373,7 @@ def load_model(
             "loading needs a model folder with weights, not just a config.json"
         )
     tokenizer = _load_tokenizer(opened)  # before the tensors: not in the load's CPU figure
-    _import_quantizers(request.options, dtype or _floating_dtype(opened.model))  # runtime too
+    _import_quantizers(request.options, dtype or model_dtype(opened.model))  # runtime too
     token.raise_if_cancelled()
     total = int(getattr(opened.checkpoint, "total_nbytes", 0) or 0)
     emit(Progress(rid, 0, total, phase="building"))
@@ -462,16 +463,6 @@ def _import_quantizers(options: dict[str, Any], dtype: Any) -> None:
         with contextlib.suppress(ImportError):  # a missing one is the quantizer's clear error
             import bitsandbytes  # noqa: F401, PLC0415
     warm_up_quantization(names, dtype)  # a name that fails is the quantizer's clear error
-
-
-def _floating_dtype(model: Any) -> Any:
-    """The dtype of ``model``'s first floating parameter (float32 when it has none)."""
-    import torch  # noqa: PLC0415 (the GUI imports jobs)
-
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.float32
 
 
 _OPEN_LOCK = threading.Lock()  # one open_model at a time, even after a cancelled one
