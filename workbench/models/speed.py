@@ -13,8 +13,12 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
                 = W / BW_disk (+ W / BW_page)     if s == "disk" (the second term when e is a GPU)
                 = 0                               otherwise
     read        = sum over its tensors t of W_t / (M_e * mbu * eff(e, p_t))
-    work        = max(2 N B / (F_e * mfu), read)      decode: one token, batch B
-                = max(2 N B P / (F_e * mfu), read)    prefill: a prompt of P tokens
+    attention   = the layer's attention (``attention_costs``): one decode step over the C
+                  tokens its cache holds, or the prefill over the prompt; measured for the
+                  model's head shape on this CPU (``attention_probe``), else its FLOPs and
+                  cache bytes
+    work        = max(2 N B / (F_e * mfu), read) + attention       decode: one token, batch B
+                = max(2 N B P / (F_e * mfu), read) + attention     prefill: a prompt of P tokens
     dispatch    = modules in the layer * module_call_s   the host's Python and dispatcher
     compute     = work + dispatch           on the CPU (the same cores do both)
                 = max(work, dispatch)       on a GPU (the host launches ahead of the kernels)
@@ -68,10 +72,18 @@ on, because the prefetcher pins each in-memory weight once and copies it on a si
 the pinned rate). Disk weights are pageable either way: the prefetcher pins a fresh copy of
 each per forward, which is the staging the driver does for a pageable copy.
 
-Limits: attention's quadratic term and the KV cache are not counted (fine for short prompts);
-activations moving between GPUs are ignored (kilobytes per token); one prefetch slot is assumed
-(the overlap can never hide more than one layer's compute); disk reads assume the page cache is
-cold; CPU compute for CPU-only plans uses the profile's CPU TFLOP/s and memory bandwidth.
+Context: a decode step's cache holds ``C = decode_context`` tokens (default: the prompt; an
+inference run's prediction uses its prompt plus half the tokens it generated). Before the
+attention terms, SmolLM2-135M on this project's 2-core AVX-512 CPU was predicted 20.0 tok/s
+after a 2,000-token prompt where it decodes 12.9 (now 11.9), and a 1,365 ms TTFT where it takes
+2,747 (now 2,574): bfloat16 attention on that CPU reads its cache at 1.3 GB/s. The terms need
+the model's ``AttentionLayout``: read from an ``OpenedModel``'s config, or given with a tree.
+
+Limits: activations moving between GPUs are ignored (kilobytes per token); one prefetch slot
+is assumed (the overlap can never hide more than one layer's compute); disk reads assume the
+page cache is cold; the first forward of a process pays one-time set-up (thread pools, kernel
+primitives: SmolLM2-135M's 31-token prefill takes 92 ms cold, 57 ms after) that the model does
+not predict; CPU compute for CPU-only plans uses the profile's CPU TFLOP/s and memory bandwidth.
 The prediction is a floor for transfer-bound plans and a rough guide elsewhere; the app shows
 it next to what it measures.
 
@@ -89,9 +101,16 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.big_modeling.device_map.value import DeviceMap
 from workbench.big_modeling.dtypes import dtype_name, to_dtype
-from workbench.big_modeling.errors import DeviceMapError
+from workbench.big_modeling.errors import BadInputError, DeviceMapError
+from workbench.big_modeling.planning.attention_kinds import AttentionLayout, read_attention_layout
 from workbench.big_modeling.quantization.dense_buffers import DENSE_COPY_KINDS
 from workbench.big_modeling.quantization.sizes import precision_of
+from workbench.models.attention_costs import (
+    attention_by_module,
+    attention_seconds,
+    attention_shape,
+)
+from workbench.models.attention_probe import AttentionShape, AttentionTimes
 from workbench.models.hardware import HardwareProfile
 from workbench.models.kernel_costs import MEMORY_BANDWIDTH_UTILIZATION, KernelCosts, precision_kind
 from workbench.models.matmul_probe import MatmulCurve
@@ -105,6 +124,7 @@ __all__ = [
     "MODEL_FLOPS_UTILIZATION",
     "LayerPrediction",
     "SpeedPrediction",
+    "attention_shapes_for",
     "layer_unit_names",
     "predict_speed",
 ]
@@ -131,6 +151,9 @@ class LayerPrediction:
         precision: the precision kind holding most of its bytes (``"plain"``, ``"int4"`` ...).
         dispatch_s: the host's seconds dispatching its module calls, per forward (in
             ``compute_s`` and ``prefill_compute_s``: added on the CPU, a floor on a GPU).
+        attention_s: seconds of its attention in one decode step (in ``compute_s``).
+        prefill_attention_s: seconds of its attention over the prompt (in
+            ``prefill_compute_s``).
     """
 
     name: str
@@ -144,6 +167,8 @@ class LayerPrediction:
     memory_bound: bool = False
     precision: str = "plain"
     dispatch_s: float = 0.0
+    attention_s: float = 0.0
+    prefill_attention_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -213,6 +238,9 @@ def predict_speed(
     mbu: float = MEMORY_BANDWIDTH_UTILIZATION,
     precisions: Mapping[str, str] | None = None,
     kernel_costs: KernelCosts | None = None,
+    attention: AttentionLayout | None = None,
+    attention_times: Mapping[str, AttentionTimes] | None = None,
+    decode_context: int | None = None,
 ) -> SpeedPrediction:
     """Predict per-token decode time and time to first token (formula in the module docs).
 
@@ -228,6 +256,11 @@ def predict_speed(
             e.g. a plan's ``precision_map``) saying which kernel reads each Linear weight;
             other tensors, and ``None`` or uncovered, are plain dtypes.
         kernel_costs: each precision's kernel efficiency; default: the profile's.
+        attention: the model's attention layout; default: read from an ``OpenedModel``'s
+            config (a tree without it: no attention terms).
+        attention_times: this CPU's measured attention by shape (``attention_probe``), used
+            for layers that run on the CPU; others count FLOPs and bytes.
+        decode_context: tokens in the KV cache during a decode step; default ``prompt_tokens``.
 
     Returns:
         A ``SpeedPrediction`` with a per-layer breakdown.
@@ -237,6 +270,7 @@ def predict_speed(
             profile does not have.
     """
     tree = opened_or_tree if isinstance(opened_or_tree, ModuleTree) else opened_or_tree.tree
+    layout = attention if attention is not None else _layout_of(opened_or_tree)
     placement = DeviceMap.of(device_map)
     missing_devices = sorted(
         {str(d) for d in placement.values() if d != "meta" and not profile.has_device(d)}
@@ -262,14 +296,16 @@ def predict_speed(
         max(profile.device("cpu").memory_bandwidth_gbps, 1e-3) * GB * mbu if curve else 0.0
     )
 
+    units = _iter_layers(tree.root)
+    attention_of = attention_by_module((u.name for u in units), layout) if layout else {}
+    context = decode_context if decode_context is not None else prompt_tokens
     layers: list[LayerPrediction] = []
     uncovered: list[str] = []
-    for unit in _iter_layers(tree.root):
+    for unit in units:
         bytes_by_tier: dict[int | str, int] = {}
         bytes_by_kind: dict[str, int] = {}
         curve_s = 0.0  # Linear weights read in the curve's time
         curve_bytes: dict[str, int] = {}  # their bytes, by kind
-        bytes_by_dtype: dict[Any, int] = {}  # floating bytes by the dtype they are counted in
         for tensor_name in _unit_tensors(unit):
             nbytes = tree.tensor_nbytes.get(tensor_name)
             if nbytes is None:  # a tied alias: counted under its first name
@@ -279,9 +315,6 @@ def predict_speed(
                 uncovered.append(tensor_name)
                 continue
             bytes_by_tier[tier] = bytes_by_tier.get(tier, 0) + nbytes
-            dtype = tree.tensor_dtypes.get(tensor_name)
-            if dtype is not None and dtype.is_floating_point:
-                bytes_by_dtype[dtype] = bytes_by_dtype.get(dtype, 0) + nbytes
             kind = _tensor_kind(tree, tensor_name, precisions, kinds)
             seconds = _curve_seconds(tree, tensor_name, nbytes, curve, kind, costs, cpu_read_bw)
             if seconds is not None:
@@ -311,17 +344,34 @@ def predict_speed(
         )
         flops = 2.0 * _param_count(unit, tree) * batch_size
         dispatch_s = _module_calls(unit) * module_call_s
-        decode_compute_s = _with_dispatch(
-            max(flops / flops_per_s, weight_read_s), dispatch_s, execution
-        )
-        unit_dtype = (
-            dtype_name(max(bytes_by_dtype, key=lambda d: bytes_by_dtype[d]))
-            if bytes_by_dtype
-            else _dtype_name(tree, unit.name)
-        )
+        unit_dtype = _unit_dtype(tree, unit)
         prefill_rate = _prefill_rate(curve, unit_dtype) or flops_per_s
+        layer_attention = attention_of.get(unit.name)
+        attended = (
+            attention_seconds(
+                layer_attention,
+                dtype=unit_dtype,
+                batch=batch_size,
+                context=context,
+                prompt=prompt_tokens,
+                flops_per_s=flops_per_s,
+                prefill_flops_per_s=prefill_rate,
+                memory_bytes_per_s=memory_bw,
+                encoder_only=layout is not None and layout.encoder_only,
+                times=attention_times if execution == "cpu" else None,
+            )
+            if layer_attention is not None
+            else None
+        )
+        attention_s = attended.decode_s if attended else 0.0
+        prefill_attention_s = attended.prefill_s if attended else 0.0
+        decode_compute_s = _with_dispatch(
+            max(flops / flops_per_s, weight_read_s) + attention_s, dispatch_s, execution
+        )
         prefill_compute_s = _with_dispatch(
-            max(flops * prompt_tokens / prefill_rate, weight_read_s), dispatch_s, execution
+            max(flops * prompt_tokens / prefill_rate, weight_read_s) + prefill_attention_s,
+            dispatch_s,
+            execution,
         )
         time_s = max(transfer_s, decode_compute_s) if prefetch else transfer_s + decode_compute_s
         layers.append(
@@ -337,6 +387,8 @@ def predict_speed(
                 memory_bound=weight_read_s > flops / flops_per_s,
                 precision=max(bytes_by_kind, key=lambda k: bytes_by_kind[k]),
                 dispatch_s=dispatch_s,
+                attention_s=attention_s,
+                prefill_attention_s=prefill_attention_s,
             )
         )
     if uncovered:
@@ -367,6 +419,44 @@ def predict_speed(
         prompt_tokens=prompt_tokens,
         prefill_s=prefill_s,
     )
+
+
+def attention_shapes_for(tree: ModuleTree, layout: AttentionLayout) -> list[AttentionShape]:
+    """The attention shapes ``predict_speed`` looks up in ``attention_times`` for ``tree``'s
+    layers (each in its layer's dtype): what this CPU's ``attention_probe`` measures."""
+    units = _iter_layers(tree.root)
+    attention_of = attention_by_module((unit.name for unit in units), layout)
+    shapes = (
+        attention_shape(attention_of[unit.name], _unit_dtype(tree, unit))
+        for unit in units
+        if unit.name in attention_of
+    )
+    return list(dict.fromkeys(shape for shape in shapes if shape is not None))
+
+
+def _unit_dtype(tree: ModuleTree, unit: ModuleNode) -> str:
+    """The dtype most of a layer's floating bytes are stored in, else ``_dtype_name``'s."""
+    bytes_by_dtype: dict[Any, int] = {}
+    for tensor_name in _unit_tensors(unit):
+        nbytes = tree.tensor_nbytes.get(tensor_name)
+        dtype = tree.tensor_dtypes.get(tensor_name)
+        if nbytes is not None and dtype is not None and dtype.is_floating_point:
+            bytes_by_dtype[dtype] = bytes_by_dtype.get(dtype, 0) + nbytes
+    if bytes_by_dtype:
+        return dtype_name(max(bytes_by_dtype, key=lambda d: bytes_by_dtype[d]))
+    return _dtype_name(tree, unit.name)
+
+
+def _layout_of(opened_or_tree: OpenedModel | ModuleTree) -> AttentionLayout | None:
+    """The attention layout of an ``OpenedModel``'s config (``None``: a tree, no config, or a
+    config the layout reader rejects)."""
+    config = getattr(opened_or_tree, "config", None)
+    if config is None:
+        return None
+    try:
+        return read_attention_layout(config, warn=False)
+    except BadInputError:  # a config without heads or layers: no attention terms
+        return None
 
 
 def _tensor_kind(

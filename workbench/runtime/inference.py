@@ -25,6 +25,7 @@ from workbench.big_modeling.devices import to_torch_device
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
 from workbench.big_modeling.transfers import TransferEvent, recording_transfers
+from workbench.models.attention_probe import AttentionTimes, cached_attention_times
 from workbench.models.hardware import (
     DETECTED_NAME,
     detect_hardware,
@@ -33,7 +34,7 @@ from workbench.models.hardware import (
     profile_from_dict,
     with_host_probes,
 )
-from workbench.models.speed import layer_unit_names, predict_speed
+from workbench.models.speed import attention_shapes_for, layer_unit_names, predict_speed
 from workbench.runtime.chat import chat_prompt, stop_token_ids
 from workbench.runtime.memory_readings import read_file_backed_bytes
 from workbench.runtime.model_inputs import (
@@ -43,6 +44,7 @@ from workbench.runtime.model_inputs import (
     prepare_input_ids,
     prepare_inputs,
 )
+from workbench.runtime.planning import attention_layout_or_none
 from workbench.runtime.precision_session import quantized_tree
 from workbench.runtime.protocol import (
     PROBING_HOST,
@@ -305,7 +307,11 @@ def run_inference(
     else:  # one forward: prompt tokens per second, or forwards per second for non-text input
         tokens_per_s = max(prompt_tokens, 1) / max(ttft_s, 1e-9)
     predicted = predict_figures(
-        loaded, request.profile, prompt_tokens, announce=lambda phase: emit(Phase(rid, phase))
+        loaded,
+        request.profile,
+        prompt_tokens,
+        announce=lambda phase: emit(Phase(rid, phase)),
+        new_tokens=len(new_ids) if generate else 0,
     )
     return InferenceResult(
         text=text,
@@ -348,6 +354,8 @@ def predict_figures(
     profile: str | Mapping[str, Any] | None,
     prompt_tokens: int,
     announce: Callable[[str], None] | None = None,
+    *,
+    new_tokens: int = 0,
 ) -> dict[str, float]:
     """The speed model's tokens/s and TTFT for this plan, and ``"forward_s"``: one forward over
     the prompt, the figure a run that generates nothing compares with ({} when it cannot predict).
@@ -357,21 +365,30 @@ def predict_figures(
         profile: a profile name, a profile's ``to_dict()`` data, or ``None`` (detected).
         prompt_tokens: the prompt length the TTFT is for; returned as ``"prompt_tokens"``.
         announce: called with ``PROBING_HOST`` before the host probes are measured (the
-            detected profile, the first time on a machine).
+            detected profile, the first time on a machine; and the first time a model's
+            attention shape runs on its CPU: ``attention_probe``).
+        new_tokens: tokens the run generated: its decode steps read a cache of the prompt
+            plus half of them on average.
     """
     try:
         if isinstance(profile, Mapping):
             hardware = profile_from_dict(dict(profile))
         else:
             hardware = load_profile(profile) if profile else detect_hardware()
+        precisions = getattr(loaded, "extras", {}).get("precision_map") or {}
+        sized = quantized_tree(loaded.opened, precisions) if precisions else loaded.opened.tree
+        layout = attention_layout_or_none(loaded.opened)
+        times: dict[str, AttentionTimes] = {}
         if hardware.name == DETECTED_NAME:  # measured once per machine, after the timed run
             hardware = with_host_probes(hardware, measure=False)
-            if not host_probes_applied(hardware):
+            on_cpu = not any(isinstance(d, int) for d in loaded.device_map.values())
+            shapes = attention_shapes_for(sized, layout) if layout and on_cpu else []
+            times = cached_attention_times(shapes, measure_if_missing=False)
+            if not host_probes_applied(hardware) or len(times) < len(shapes):
                 if announce is not None:
                     announce(PROBING_HOST)
                 hardware = with_host_probes(hardware)
-        precisions = getattr(loaded, "extras", {}).get("precision_map") or {}
-        sized = quantized_tree(loaded.opened, precisions) if precisions else loaded.opened
+                times = cached_attention_times(shapes)
         prediction = predict_speed(
             sized,
             loaded.device_map,
@@ -379,6 +396,9 @@ def predict_figures(
             prefetch=False,  # a load's dispatch copies each offloaded block when it runs
             prompt_tokens=prompt_tokens,
             precisions=precisions,
+            attention=layout,
+            attention_times=times,
+            decode_context=prompt_tokens + new_tokens // 2,
         )
     except Exception as exc:  # the prediction is informative; never fail the test over it
         logger.info("no speed prediction for this plan: %s", exc)

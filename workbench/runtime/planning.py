@@ -156,6 +156,17 @@ def attention_layout(opened: OpenedModel) -> AttentionLayout:
     return read_attention_layout(opened.config, warn=False)
 
 
+def attention_layout_or_none(opened: OpenedModel) -> AttentionLayout | None:
+    """``attention_layout(opened)``, or ``None`` for a model the memory model cannot read
+    (the speed model then leaves attention out)."""
+    if getattr(opened, "config", None) is None:
+        return None
+    try:
+        return attention_layout(opened)
+    except BadInputError:
+        return None
+
+
 def planned_context(opened: OpenedModel, options: MemoryOptions) -> int:
     """The context ``options`` plan for: its own, else the model's maximum capped."""
     if options.context is not None:

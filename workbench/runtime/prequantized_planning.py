@@ -24,6 +24,7 @@ from workbench.models.hardware import HardwareProfile
 from workbench.models.intake import read_config
 from workbench.models.speed import SpeedPrediction, predict_speed
 from workbench.models.tree import ModuleTree, build_module_tree
+from workbench.runtime.planning import attention_layout_or_none
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
@@ -109,7 +110,12 @@ def plan_prequantized(
         module_sizes=stored.module_sizes(),
     )
     prediction = predict_speed(
-        stored.tree, plan.device_map, profile, prefetch=prefetch, prompt_tokens=prompt_tokens
+        stored.tree,
+        plan.device_map,
+        profile,
+        prefetch=prefetch,
+        prompt_tokens=prompt_tokens,
+        attention=attention_layout_or_none(opened),
     )
     return PrequantizedPlanning(stored, plan, prediction)
 
