@@ -66,7 +66,7 @@ def test_load_generate_and_verify_through_the_worker(
     assert done == sorted(done)
     assert progress[-1].bytes_done == progress[-1].bytes_total == summary.bytes_total
     phases = [e.phase for e in events.of("Phase") if e.request_id == load_id]
-    assert phases == ["building", "loading", "dispatching", "ready"]
+    assert phases == ["building", "loading", "dispatching", "paging in", "ready"]
     progress_phases = [p.phase for p in progress]
     assert _runs(progress_phases) == ["building", "loading", "dispatching"], progress_phases
 

@@ -116,7 +116,7 @@ class LoadProgressWidget(QWidget):
 
     def show_progress(self, event: Progress, phase: str | None = None) -> None:
         """Show the bytes of ``event``; the bar follows them while tensors are read, and is a
-        busy indicator in the phases that read none (building, dispatching), rather than
+        busy indicator in the phases that read none (building, dispatching, paging in), rather than
         standing at 0% or 100% while the worker is busy."""
         self._last_progress = event
         fraction = event.fraction

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from workbench.models.hardware import (
 )
 from workbench.models.speed import attention_shapes_for, layer_unit_names, predict_speed
 from workbench.runtime.chat import chat_prompt, stop_token_ids
-from workbench.runtime.memory_readings import read_file_backed_bytes
+from workbench.runtime.memory_readings import read_mapped_bytes
 from workbench.runtime.model_inputs import (
     SYNTHETIC_SEED,
     ModelInputs,
@@ -248,7 +249,8 @@ def run_inference(
     """
     rid = request.request_id
     picker = TokenPicker(request.sampling)
-    file_backed = read_file_backed_bytes()
+    folders = _weight_folders(loaded)
+    file_backed = read_mapped_bytes(folders)
     start_s = time.perf_counter()
     inputs, prompt_text, templated = _prompt(loaded, request)
     inputs = inputs.to(execution_device(loaded.device_map))
@@ -297,7 +299,7 @@ def run_inference(
                 if token_id in stop_ids:
                     stop_reason = "eos"
     end_s = time.perf_counter()
-    after = read_file_backed_bytes()
+    after = read_mapped_bytes(folders)
     paged_in = max(0, after - file_backed) if after is not None and file_backed is not None else 0
     ttft_s = first_token_s - start_s
     if generate and len(new_ids) > 1:
@@ -330,6 +332,14 @@ def run_inference(
         predicted_for=hardware_name(request.profile) if predicted else "",
         paged_in_bytes=paged_in,
     )
+
+
+def _weight_folders(loaded: Any) -> list[str]:
+    """The folders whose files a run may map weights from: the checkpoint's and the offload
+    folder."""
+    folders = [getattr(loaded.opened, "folder", None)]
+    folders.append(getattr(getattr(loaded, "request", None), "offload_folder", None))
+    return [str(folder) for folder in folders if folder and Path(folder).is_dir()]
 
 
 def next_piece(decoded: str, streamed: str) -> tuple[str, str]:

@@ -40,6 +40,7 @@ from workbench.big_modeling.progress import CancelToken, LoadProgress
 from workbench.runtime.model_kind import is_causal_lm
 from workbench.runtime.progress_throttle import ProgressThrottle
 from workbench.runtime.protocol import (
+    PAGING_IN,
     PROBING_WORKSPACE,
     Event,
     Failed,
@@ -332,7 +333,8 @@ def load_model(
     """Open ``request.source``, build it empty, load its checkpoint and dispatch it.
 
     Phases (as ``Phase`` events and in ``Progress.phase``): building, loading, quantizing (a
-    load with a precision map: its progress counts weight bytes quantized), dispatching, ready.
+    load with a precision map: its progress counts weight bytes quantized), dispatching, paging
+    in (the memory-mapped CPU weights: ``page_in``; cancellable between tensors), ready.
     The tokenizer loads while building, before the tensors, so the CPU memory the load measures
     above its baseline is the weights' (``memory_reconcile``). The cancel token is checked while
     the model is built, after the tokenizer, between tensors, between quantized modules and
@@ -349,6 +351,7 @@ def load_model(
     from workbench.big_modeling.dtypes import parse_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.models.gguf import is_gguf_path  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.runtime.c_heap import release_free_heap  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.runtime.page_in import page_in_cpu_weights  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.runtime.verify_compare import model_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     check_devices_available(request.device_map)  # before the build: cuda:99, mps, meta named
@@ -423,6 +426,8 @@ def load_model(
     throttle(LoadProgress(done, total, "", "dispatching"))
     model = dispatch_model(model, device_map=device_map, offload_dir=offload_folder)
     model.eval()
+    emit(Phase(rid, PAGING_IN))  # the mapped CPU weights, before the first run needs them
+    page_in_cpu_weights(model, cancel=token)
     release_free_heap()  # the casts and offload writes freed as they went; malloc kept them
     token.raise_if_cancelled()
     emit(Phase(rid, "ready"))

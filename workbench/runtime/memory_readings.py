@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "file_mapped_bytes",
     "offloaded_file_bytes",
     "read_anonymous_bytes",
+    "read_mapped_bytes",
     "resident_weight_bytes",
     "weight_ranges",
 ]
@@ -39,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 _SMAPS_ROLLUP = "/proc/self/smaps_rollup"
 _STATUS = "/proc/self/status"
+_SMAPS = "/proc/self/smaps"
 _MAPS = "/proc/self/maps"
 PEAK_SAMPLE_S = 0.002  # a run's CPU peak: RssAnon every 2 ms (one small /proc read each)
 
@@ -60,17 +63,34 @@ def _kib_field(path: str, key: bytes) -> int | None:
     return None
 
 
-def read_file_backed_bytes(status_path: str = _STATUS) -> int | None:
-    """This process's resident file-backed bytes (``RssFile`` of ``/proc/self/status``): pages
-    of memory-mapped files it has touched, weights of a zero-copy load among them (they join
-    it on first use); ``None`` where the system does not say.
+def read_mapped_bytes(
+    folders: Iterable[str | os.PathLike[str]], smaps_path: str = _SMAPS
+) -> int | None:
+    """Resident bytes of this process's mappings of files under ``folders`` (``Rss`` of each
+    such mapping in ``/proc/self/smaps``): a zero-copy load's checkpoint, an offload folder's
+    files; ``None`` where the system does not say.
 
     Example:
-        >>> nbytes = read_file_backed_bytes()
-        >>> nbytes is None or nbytes >= 0
+        >>> nbytes = read_mapped_bytes(["/nonexistent"])
+        >>> nbytes is None or nbytes == 0
         True
     """
-    return _kib_field(status_path, b"RssFile:")
+    roots = tuple(f"{os.path.realpath(folder)}{os.sep}" for folder in folders)
+    try:
+        with open(smaps_path, "rb") as handle:
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    total, counting = 0, False
+    for line in text.splitlines():
+        if line.startswith("Rss:"):
+            if counting:
+                total += int(line.split()[1]) * 1024
+            continue
+        fields = line.split(maxsplit=5)
+        if len(fields) >= 5 and "-" in fields[0] and ":" in fields[3]:  # a mapping's header
+            counting = len(fields) == 6 and fields[5].startswith(roots)
+    return total
 
 
 def read_anonymous_bytes(rollup_path: str = _SMAPS_ROLLUP) -> int | None:

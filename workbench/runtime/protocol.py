@@ -183,9 +183,10 @@ class InferenceResult:
     ``"max_new_tokens"`` or ``"forward"`` (one forward, no generation), and ``sampling`` holds
     the ``Sampling`` fields the run used. ``memory``: the run's peak bytes per device against
     the weights plus the predicted KV cache and activations (``None`` when not measured).
-    ``paged_in_bytes``: file-backed pages the run touched first (``RssFile`` growth): weights a
-    zero-copy load left memory-mapped are read on first use, so the first run after it pays
-    for them in its time to first token, which the speed model does not count.
+    ``paged_in_bytes``: pages of the model's files (checkpoint, offload folder) the run brought
+    into the worker (``memory_readings.read_mapped_bytes`` growth): a load pages its
+    memory-mapped CPU weights in (``page_in``), so this is what the kernel reclaimed since, or
+    disk-offloaded weights read through their maps; the speed model does not count it.
     """
 
     text: str
@@ -283,6 +284,7 @@ class Phase(Event):
     phase: str
 
 
+PAGING_IN = "paging in"  # a load bringing its memory-mapped CPU weights into the worker
 PROBING_HOST = "probing host"  # the host's dispatch costs and matmul curve, once per machine
 PROBING_WORKSPACE = "probing matmul workspace"  # once per CPU and set of matmul shapes
 
