@@ -75,21 +75,19 @@ def read_mapped_bytes(
         >>> nbytes is None or nbytes == 0
         True
     """
-    roots = tuple(f"{os.path.realpath(folder)}{os.sep}" for folder in folders)
-    try:
+    roots = tuple(os.fsencode(os.path.realpath(folder)) + os.sep.encode() for folder in folders)
+    total, counting = 0, False
+    try:  # line by line: the whole file (megabytes) would stay in the heap the run measures
         with open(smaps_path, "rb") as handle:
-            text = handle.read().decode(errors="replace")
+            for line in handle:
+                if line.startswith(b"Rss:"):
+                    if counting:
+                        total += int(line.split()[1]) * 1024
+                elif not line[:1].isupper():  # a mapping's header: "start-end perms ..."
+                    fields = line.rstrip(b"\n").split(maxsplit=5)
+                    counting = len(fields) == 6 and fields[5].startswith(roots)
     except OSError:
         return None
-    total, counting = 0, False
-    for line in text.splitlines():
-        if line.startswith("Rss:"):
-            if counting:
-                total += int(line.split()[1]) * 1024
-            continue
-        fields = line.split(maxsplit=5)
-        if len(fields) >= 5 and "-" in fields[0] and ":" in fields[3]:  # a mapping's header
-            counting = len(fields) == 6 and fields[5].startswith(roots)
     return total
 
 
