@@ -143,3 +143,15 @@ def test_the_probe_times_real_attention_and_caches_each_shape(tmp_path: Path) ->
     assert list(measured) == [shape.key] and cache.is_file()
     again = cached_attention_times([shape, shape], measure_if_missing=False, cache_path=cache)
     assert again == measured
+
+
+def test_a_long_context_makes_decode_attention_bound(demo_llama_dir: Path) -> None:
+    opened = open_model(str(demo_llama_dir))
+    profile = load_profile("cpu-laptop-16gb")
+    short = predict_speed(opened, {"": "cpu"}, profile, prompt_tokens=16)
+    assert short.bottleneck != "attention"
+    long = predict_speed(opened, {"": "cpu"}, profile, prompt_tokens=16, decode_context=2**20)
+    assert long.attention_s == pytest.approx(sum(layer.attention_s for layer in long.per_layer))
+    assert long.attention_s > long.compute_s / 2 and long.bottleneck == "attention"
+    assert long.to_dict()["attention_s"] == long.attention_s
+    assert "(attention-bound" in long.summary()

@@ -50,9 +50,11 @@ model's decode step: SmolLM2-135M's 30 layers dispatch 300 module calls per toke
 
 The one-word ``bottleneck`` names what most of the step waits for: the slowest link
 (``"disk"`` or ``"host-to-device"``) when transfers outweigh compute; else ``"dispatch"`` when
-the host's dispatch is most of the compute time; else ``"memory"`` when the
-layers whose weight-read time ``W / (M * mbu)`` exceeds their FLOP time ``2 N B / (F * mfu)``
-hold most of the compute time (decode at batch 1 almost always is), else ``"compute"``.
+the host's dispatch is most of the compute time; else ``"attention"`` when attention over
+the cache is (a long context: SmolLM2-135M decoding after 4k tokens on this project's CPU,
+58% of its step); else ``"memory"`` when the layers whose weight-read time ``W / (M * mbu)``
+exceeds their FLOP time ``2 N B / (F * mfu)`` hold most of the compute time (decode at batch
+1 almost always is), else ``"compute"``.
 
 ``F`` is the device's dense 16-bit TFLOP/s, ``M`` its memory bandwidth, ``BW_*`` the profile's
 link bandwidths, all in decimal units; ``mfu`` (0.5) and ``mbu`` (0.8) are the fractions of
@@ -182,10 +184,11 @@ class SpeedPrediction:
         decode_s: seconds per decode step.
         transfer_s: seconds per step spent moving weights (before overlap).
         compute_s: seconds per step of compute (before overlap).
-        bottleneck: ``"compute"``, ``"memory"`` or the slowest link (``"host-to-device"``,
-            ``"disk"``), for a one-line summary.
+        bottleneck: ``"compute"``, ``"memory"``, ``"dispatch"``, ``"attention"`` or the
+            slowest link (``"host-to-device"``, ``"disk"``), for a one-line summary.
         prefetch: whether transfers overlap compute.
         prompt_tokens: the prompt length used for ``ttft_s``.
+        attention_s: seconds per step of attention over the cache (in ``compute_s``).
         prefill_s: seconds of one forward over ``prompt_tokens`` (``ttft_s``: that forward
             yields the first token): the figure for a model that runs one forward and
             generates nothing.
@@ -201,6 +204,7 @@ class SpeedPrediction:
     prefetch: bool = True
     prompt_tokens: int = 128
     prefill_s: float = 0.0
+    attention_s: float = 0.0
 
     def summary(self, *, generates: bool = True) -> str:
         """One line: ``"0.41 tok/s, TTFT 12.3 s (disk-bound, prefetch on)"``; for a model
@@ -222,6 +226,7 @@ class SpeedPrediction:
             "prefetch": self.prefetch,
             "prompt_tokens": self.prompt_tokens,
             "prefill_s": self.prefill_s,
+            "attention_s": self.attention_s,
             "per_layer": [layer.__dict__ for layer in self.per_layer],
         }
 
@@ -418,6 +423,7 @@ def predict_speed(
         prefetch=prefetch,
         prompt_tokens=prompt_tokens,
         prefill_s=prefill_s,
+        attention_s=sum(layer.attention_s for layer in layers),
     )
 
 
@@ -586,6 +592,8 @@ def _bottleneck(
         return "disk" if disk_s > transfer_s / 2 else "host-to-device"
     if forward_call_s + sum(_host_share(layer) for layer in layers) > compute_s / 2:
         return "dispatch"
+    if sum(layer.attention_s for layer in layers) > compute_s / 2:
+        return "attention"
     memory_s = sum(layer.compute_s for layer in layers if layer.memory_bound)
     return "memory" if memory_s > compute_s / 2 else "compute"
 
