@@ -116,3 +116,24 @@ def test_an_encoder_is_listed_by_its_forward_time(
     assert "over 512 input tokens; the model generates no tokens" in h200.toolTip()
     tiny = dialog.table.cells[_row(dialog, "tiny-box")]  # one context: a row's only cell
     assert tiny.status == NO_FIT and not tiny.generates
+
+
+def test_this_machine_is_the_first_row_and_applies_like_the_others(
+    main_window: Any, open_in_window: Any, whatif_config: Path, user_profiles: Path
+) -> None:
+    from workbench.models.hardware import DETECTED_NAME, detect_hardware
+
+    here = detect_hardware(measure_links=False)
+    main_window.hardware_selector.add_profile(here)  # as the window lists it at start
+    open_in_window(main_window, whatif_config)
+    main_window.action_set["fit_table"].trigger()
+    dialog = main_window.findChildren(FitDialog)[-1]
+    dialog.wait_until_computed()
+    assert dialog.table is not None, dialog.status_label.text()
+    assert dialog.table.profiles[0] is here  # the window's own, with its measured figures
+    assert dialog.grid.verticalHeaderItem(0).text() == "This machine"
+    assert "tiny-box" in [p.name for p in dialog.table.profiles]  # and every saved profile
+    assert dialog.apply_cell(0, 0)
+    assert main_window.session.profile.name == DETECTED_NAME
+    assert main_window.session.device_map == dialog.cell_at(0, 0).device_map
+    assert main_window.undo_stack.undoText() == "Use this machine at 512 (what fits where)"

@@ -198,3 +198,28 @@ def test_an_encoder_is_timed_by_one_forward_not_tokens_per_second(llama8b) -> No
     assert cell.to_dict()["generates"] is False
     llama = fit_cell(llama8b, load_profile("h200-141gb"), 4096)
     assert llama.generates and "tok/s" in llama.speed_text()
+
+
+def test_this_machine_is_fitted_with_its_measured_attention(demo_dir: Path) -> None:
+    from workbench.models.attention_probe import cached_attention_times
+    from workbench.models.hardware import detect_hardware, with_host_probes
+    from workbench.models.speed import attention_shapes_for, predict_speed
+    from workbench.runtime.planning import attention_layout
+
+    opened = open_model(str(demo_dir))
+    here = with_host_probes(detect_hardware(measure_links=False))
+    assert here.cpu_matmul_curve is not None
+    times = cached_attention_times(attention_shapes_for(opened.tree, attention_layout(opened)))
+    assert times  # measured once on this CPU, then cached
+    cell = fit_cell(opened, here, 512)
+    timed = predict_speed(opened, cell.device_map, here, prompt_tokens=512, attention_times=times)
+    assert cell.tokens_per_s == pytest.approx(timed.tokens_per_s)
+    assert cell.ttft_s == pytest.approx(timed.ttft_s)
+    counted = predict_speed(opened, cell.device_map, here, prompt_tokens=512)
+    assert counted.tokens_per_s != pytest.approx(timed.tokens_per_s)
+    # a what-if profile is not this machine: its cells count FLOPs and bytes
+    laptop = load_profile("cpu-laptop-16gb")
+    what_if = fit_cell(opened, laptop, 512)
+    assert what_if.tokens_per_s == pytest.approx(
+        predict_speed(opened, what_if.device_map, laptop, prompt_tokens=512).tokens_per_s
+    )

@@ -1,6 +1,7 @@
 """Tools > What fits where: every hardware profile by context length for the open model.
 
-A table, one row per hardware profile (bundled and the user's), one column per context length
+A table, one row per hardware profile (this machine as the window lists it, with its measured
+figures, then the bundled and the user's profiles), one column per context length
 (4k, 32k, 128k and the model's maximum): each cell says full GPU, partial offload (how many
 layers on the GPUs), CPU only or does not fit, with the predicted decode tok/s and time to
 first token; its tooltip gives the memory model's reasons. The table is computed by
@@ -46,7 +47,7 @@ from workbench.gui.colors import (
 )
 from workbench.gui.commands import SetBudgetsCommand, SetDeviceMapCommand, SetProfileCommand
 from workbench.gui.workers import TaskThread
-from workbench.models.hardware import list_profiles
+from workbench.models.hardware import DETECTED_NAME, list_profiles
 from workbench.runtime.fit_table import (
     CPU_ONLY,
     FULL_GPU,
@@ -141,13 +142,21 @@ class FitDialog(QDialog):
 
     def start(self) -> TaskThread:
         """Compute the table on a worker thread; the grid fills when it is done."""
-        thread = TaskThread(fit_table, self._opened, list_profiles())
+        thread = TaskThread(fit_table, self._opened, self._profiles())
         thread.setObjectName("fit table")
         thread.succeeded.connect(self._on_thread_succeeded)
         thread.failed.connect(self._on_thread_failed)
         self.thread = thread
         thread.start()
         return thread
+
+    def _profiles(self) -> list[Any]:
+        """This machine as the window lists it (with its measured figures), then every bundled
+        and user profile (read now: one saved since the window opened is in)."""
+        selector = getattr(self.window_, "hardware_selector", None)
+        detected = selector.profile(DETECTED_NAME) if selector is not None else None
+        saved = [p for p in list_profiles() if p.name != DETECTED_NAME]
+        return [detected, *saved] if detected is not None else saved
 
     def wait_until_computed(self) -> None:
         """Block until the table is shown (scripts and tests)."""
@@ -181,7 +190,7 @@ class FitDialog(QDialog):
         grid.setColumnCount(len(table.contexts))
         grid.setHorizontalHeaderLabels([f"{context_label(c)} context" for c in table.contexts])
         for row, profile in enumerate(table.profiles):
-            header = QTableWidgetItem(profile.name)
+            header = QTableWidgetItem(profile_label(profile.name, capital=True))
             header.setToolTip(f"{profile.description}\n{profile.budget_description()}")
             grid.setVerticalHeaderItem(row, header)
             for column, context in enumerate(table.contexts):
@@ -231,6 +240,13 @@ class FitDialog(QDialog):
         self.apply_button.setEnabled(cell is not None and cell.fits)
 
 
+def profile_label(name: str, *, capital: bool = False) -> str:
+    """A profile's name in the table's words: "this machine" for the detected one."""
+    if name != DETECTED_NAME:
+        return name
+    return "This machine" if capital else "this machine"
+
+
 def apply_fit_cell(window: Any, profile: Any, cell: FitCell) -> None:
     """Switch ``window`` to ``profile`` and the cell's map as one undo macro.
 
@@ -241,7 +257,8 @@ def apply_fit_cell(window: Any, profile: Any, cell: FitCell) -> None:
     budgets = profile.budgets()
     gpus = sorted(device for device in budgets if isinstance(device, int))
     reserve = cell.reserve.get(gpus[0] if gpus else "cpu", 0)
-    stack.beginMacro(f"Use {profile.name} at {context_label(cell.context)} (what fits where)")
+    name = profile_label(profile.name)
+    stack.beginMacro(f"Use {name} at {context_label(cell.context)} (what fits where)")
     try:
         stack.push(SetProfileCommand(session, profile))
         stack.push(SetBudgetsCommand(session, budgets, "Set budgets", reserve=reserve))
@@ -253,7 +270,7 @@ def apply_fit_cell(window: Any, profile: Any, cell: FitCell) -> None:
     finally:
         stack.endMacro()
     window.statusBar().showMessage(
-        f"Using {profile.name} at {context_label(cell.context)} context: {cell.label()}", 8000
+        f"Using {name} at {context_label(cell.context)} context: {cell.label()}", 8000
     )
 
 
