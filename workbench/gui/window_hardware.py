@@ -20,8 +20,8 @@ from workbench.gui.commands import SetBudgetsCommand, SetProfileCommand
 from workbench.gui.hardware_selector import HardwareSelector, available_profiles
 from workbench.gui.workers import TaskThread
 from workbench.models.hardware import DETECTED_NAME, with_cached_probes, with_host_measurements
-from workbench.models.speed import predict_speed
 from workbench.runtime.formatting import format_forward, format_rate, format_ttft
+from workbench.runtime.machine_attention import predict_with_attention
 from workbench.runtime.model_kind import generates_tokens
 from workbench.runtime.precision_session import planned_tree
 from workbench.runtime.session import Session
@@ -159,8 +159,12 @@ class WindowHardware(QObject):
         device_map = dict(self.session.device_map)
         # each quantized Linear is read by its precision's kernel (the profile's kernel costs)
         precisions = dict(self.session.precision_map or {})
-        thread = TaskThread(
-            partial(predict_speed, precisions=precisions), tree, device_map, profile
+        thread = TaskThread(  # the model's attention (layout; this CPU's measured times)
+            partial(predict_with_attention, precisions=precisions),
+            self.session.opened,
+            tree,
+            device_map,
+            profile,
         )
         thread.setObjectName("predict speed")
         thread.succeeded.connect(self._on_speed_thread_succeeded)

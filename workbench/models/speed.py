@@ -77,15 +77,15 @@ each per forward, which is the staging the driver does for a pageable copy.
 Context: a decode step's cache holds ``C = decode_context`` tokens (default: the prompt; an
 inference run's prediction uses its prompt plus half the tokens it generated). Before the
 attention terms, SmolLM2-135M on this project's 2-core AVX-512 CPU was predicted 20.0 tok/s
-after a 2,000-token prompt where it decodes 12.9 (now 11.9), and a 1,365 ms TTFT where it takes
-2,747 (now 2,574): bfloat16 attention on that CPU reads its cache at 1.3 GB/s. The terms need
+after a 2,000-token prompt where it decodes 12.9-13.2 (now 11.9), and a 1,365 ms TTFT where it
+takes 2,651-2,747 (now 2,574): bfloat16 attention on that CPU reads its cache at 1.3 GB/s. The terms need
 the model's ``AttentionLayout``: read from an ``OpenedModel``'s config, or given with a tree.
 
 Limits: activations moving between GPUs are ignored (kilobytes per token); one prefetch slot
 is assumed (the overlap can never hide more than one layer's compute); disk reads assume the
 page cache is cold; the first forward of a process pays one-time set-up (thread pools, kernel
-primitives: SmolLM2-135M's 31-token prefill takes 92 ms cold, 57 ms after) that the model does
-not predict; CPU compute for CPU-only plans uses the profile's CPU TFLOP/s and memory bandwidth.
+primitives: SmolLM2-135M's 31-token prefill, its weights paged in, takes 64-80 ms the first
+time and 54-57 ms after) that the model does not predict; CPU compute for CPU-only plans uses the profile's CPU TFLOP/s and memory bandwidth.
 The prediction is a floor for transfer-bound plans and a rough guide elsewhere; the app shows
 it next to what it measures.
 

@@ -35,17 +35,12 @@ from workbench.big_modeling.errors import BadInputError, MemoryBudgetError
 from workbench.big_modeling.planning.attention_kinds import AttentionKindWarning
 from workbench.big_modeling.planning.device_reserve import layer_devices_from_map
 from workbench.big_modeling.planning.sizes import format_nbytes
-from workbench.models.attention_probe import cached_attention_times
 from workbench.models.hardware import HardwareProfile, list_profiles
-from workbench.models.speed import attention_shapes_for, predict_speed
+from workbench.models.speed import predict_speed
 from workbench.runtime.formatting import format_rate, format_seconds
+from workbench.runtime.machine_attention import attention_inputs
 from workbench.runtime.model_kind import generates_tokens
-from workbench.runtime.planning import (
-    MemoryOptions,
-    attention_layout,
-    attention_layout_or_none,
-    plan_opened_model,
-)
+from workbench.runtime.planning import MemoryOptions, attention_layout, plan_opened_model
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
@@ -298,7 +293,7 @@ def _planned_cell(
         plan.device_map,
         profile,
         prompt_tokens=context,
-        attention_times=_measured_attention(opened, profile),
+        **attention_inputs(opened, profile),
     )
     return FitCell(
         profile=profile.name,
@@ -317,19 +312,6 @@ def _planned_cell(
         why=tuple(plan.reserve_why.values()),
         problem=GPUS_UNUSED if status == CPU_ONLY and profile.accelerators else "",
         notes=notes,
-    )
-
-
-def _measured_attention(opened: OpenedModel, profile: HardwareProfile) -> dict[str, Any]:
-    """This CPU's cached attention times for the model's shapes when ``profile`` is this
-    machine (its matmul curve measured here), else none: the other rows are what-ifs."""
-    if profile.cpu_matmul_curve is None:
-        return {}
-    layout = attention_layout_or_none(opened)
-    if layout is None:
-        return {}
-    return cached_attention_times(
-        attention_shapes_for(opened.tree, layout), measure_if_missing=False
     )
 
 
