@@ -17,6 +17,7 @@ from workbench.runtime import planning
 from workbench.runtime.planning import (
     MemoryOptions,
     activation_reserve,
+    attention_layout,
     execution_reserve,
     plan_opened_model,
     planning_dtype,
@@ -105,7 +106,8 @@ def test_with_precisions_every_row_is_predicted_on_the_measured_kernels(
     plain, joint = run_comparison(request)
     assert plain.strategy == "auto" and joint.error == ""
     measured = with_cpu_kernels(stale, probe)
-    expected = predict_speed(opened.tree, plain.plan.device_map, measured)
+    layout = attention_layout(opened)  # each row counts the model's attention
+    expected = predict_speed(opened.tree, plain.plan.device_map, measured, attention=layout)
     assert plain.prediction.tokens_per_s == pytest.approx(expected.tokens_per_s)
-    before = predict_speed(opened.tree, plain.plan.device_map, stale)
+    before = predict_speed(opened.tree, plain.plan.device_map, stale, attention=layout)
     assert plain.prediction.tokens_per_s != pytest.approx(before.tokens_per_s)

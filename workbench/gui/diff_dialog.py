@@ -33,9 +33,9 @@ from PySide6.QtWidgets import (
 from workbench.gui.colors import over_budget_color
 from workbench.gui.commands import SetDeviceMapCommand
 from workbench.gui.map_io import read_map_file
-from workbench.models.speed import predict_speed
 from workbench.runtime import BadInputError, device_label, device_sort_key
 from workbench.runtime.formatting import format_forward, format_nbytes, format_rate, format_seconds
+from workbench.runtime.machine_attention import predict_with_attention
 from workbench.runtime.map_edits import diff_maps, key_problems
 from workbench.runtime.model_kind import generates_tokens
 
@@ -157,7 +157,9 @@ class DiffDialog(QDialog):
         parts = []
         for label, device_map in (("before", before), ("after", after)):
             try:
-                prediction = predict_speed(window.session.tree, device_map, profile)
+                prediction = predict_with_attention(
+                    window.session.opened, window.session.tree, device_map, profile
+                )
             except ValueError as exc:
                 parts.append(f"{label}: n/a ({exc})")
                 continue

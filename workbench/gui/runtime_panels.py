@@ -34,8 +34,8 @@ from workbench.gui.plots.memory_plot import MemoryPlot
 from workbench.gui.plots.transfer_plot import TransferPlot
 from workbench.gui.window_persistence import model_display_name
 from workbench.models.hardware import DETECTED_NAME, detect_hardware
-from workbench.models.speed import predict_speed
 from workbench.runtime import BadInputError, normalize_device
+from workbench.runtime.machine_attention import predict_with_attention
 from workbench.runtime.precision_session import quantized_tree
 from workbench.runtime.protocol import TelemetrySample, TransferBatch
 from workbench.runtime.session import Session
@@ -312,8 +312,13 @@ class RuntimePanels(QObject):
         prediction = None
         if tree is not None and profile is not None and device_map:
             try:
-                prediction = predict_speed(
-                    tree, device_map, profile, prefetch=False, precisions=precisions
+                prediction = predict_with_attention(
+                    self.session.opened,
+                    tree,
+                    device_map,
+                    profile,
+                    prefetch=False,
+                    precisions=precisions,
                 )
             except BadInputError as exc:  # a map the speed model refuses: no prediction bars
                 logger.info("no per-layer prediction for the loaded map: %s", exc)

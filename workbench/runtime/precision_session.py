@@ -28,8 +28,9 @@ from workbench.big_modeling.quantization.sizes import (
     precision_of,
     tensor_nbytes_under,
 )
-from workbench.models.speed import SpeedPrediction, predict_speed
+from workbench.models.speed import SpeedPrediction
 from workbench.models.tree import ModuleTree
+from workbench.runtime.machine_attention import predict_with_attention
 from workbench.runtime.planning import device_reserves, planning_dtype
 from workbench.runtime.precision_planning import (
     PrecisionPlanning,
@@ -265,8 +266,8 @@ def candidate_outcome(
     prediction = None
     if candidate.device_map and profile is not None:
         try:
-            prediction = predict_speed(
-                tree, candidate.device_map, profile, precisions=candidate.precision_map
+            prediction = predict_with_attention(
+                opened, tree, candidate.device_map, profile, precisions=candidate.precision_map
             )
         except ValueError:
             prediction = None

@@ -13,9 +13,9 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
-from workbench.models.speed import predict_speed
 from workbench.runtime.engine import parse_dtype
 from workbench.runtime.load_check import check_load
+from workbench.runtime.machine_attention import predict_with_attention
 from workbench.runtime.planning import STRATEGIES, plan_opened_model
 from workbench.runtime.precision_planning import measured_profile
 from workbench.runtime.precision_session import JOINT_STRATEGY, plan_joint
@@ -102,7 +102,7 @@ def run_comparison(request: PlanRequest) -> list[Candidate]:
         prediction = None
         if request.profile is not None:
             try:
-                prediction = predict_speed(tree, plan.device_map, request.profile)
+                prediction = predict_with_attention(opened, tree, plan.device_map, request.profile)
             except ValueError as exc:
                 logger.info("no speed prediction for %s: %s", strategy, str(exc))
         check = check_load(opened, plan.device_map)
