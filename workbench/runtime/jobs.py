@@ -351,8 +351,8 @@ def load_model(
     from workbench.big_modeling.dtypes import parse_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.models.gguf import is_gguf_path  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.runtime.c_heap import release_free_heap  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.runtime.model_inputs import model_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.runtime.page_in import page_in_cpu_weights  # noqa: PLC0415 (torch; the GUI imports jobs)
-    from workbench.runtime.verify_compare import model_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     check_devices_available(request.device_map)  # before the build: cuda:99, mps, meta named
     rid = request.request_id

@@ -98,7 +98,7 @@ def prepare_inputs(loaded: Any, prompt: str | None, synthetic_tokens: int) -> Mo
             type(model).__name__,
         )
     config = getattr(model, "config", None)
-    dtype = _floating_dtype(model)
+    dtype = model_dtype(model)
     for name in ("pixel_values", "input_features", "input_values"):
         if name in params:
             shape = synthetic_shape(name, config)
@@ -143,7 +143,8 @@ def _pair(value: Any) -> tuple[int, int]:
     return int(value), int(value)
 
 
-def _floating_dtype(model: torch.nn.Module) -> torch.dtype:
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The floating dtype of the model's parameters (offloaded ones keep their dtype on meta)."""
     for param in model.parameters():
         if param.is_floating_point():
             return param.dtype

@@ -23,10 +23,10 @@ import torch
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
 from workbench.runtime.inference import execution_device, generate_tokens
-from workbench.runtime.model_inputs import ModelInputs, prepare_inputs
+from workbench.runtime.model_inputs import ModelInputs, model_dtype, prepare_inputs
 from workbench.runtime.protocol import Event, Phase, Sampling, Verify, VerifyResult
 from workbench.runtime.sampling import TokenPicker
-from workbench.runtime.verify_compare import compare_outputs, forward_kwargs, model_dtype
+from workbench.runtime.verify_compare import compare_outputs, forward_kwargs
 from workbench.runtime.verify_layers import run_verify_layers
 from workbench.runtime.verify_quantized import is_quantized_load, quantized_verify_result
 

@@ -12,14 +12,6 @@ from workbench.runtime.model_inputs import ModelInputs, accepts
 from workbench.runtime.protocol import VerifyResult
 
 
-def model_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The floating dtype of the model's parameters (offloaded ones keep their dtype on meta)."""
-    for param in model.parameters():
-        if param.is_floating_point():
-            return param.dtype
-    return torch.float32
-
-
 def compare_outputs(
     actual: torch.Tensor, expected: torch.Tensor, *, atol: float = 0.0, rtol: float = 0.0
 ) -> VerifyResult:

@@ -23,9 +23,9 @@ from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
 from workbench.models import open_model
 from workbench.runtime.inference import execution_device
-from workbench.runtime.model_inputs import ModelInputs, prepare_inputs
+from workbench.runtime.model_inputs import ModelInputs, model_dtype, prepare_inputs
 from workbench.runtime.protocol import Event, Phase, Verify, VerifyResult
-from workbench.runtime.verify_compare import compare_outputs, forward_kwargs, model_dtype
+from workbench.runtime.verify_compare import compare_outputs, forward_kwargs
 
 logger = logging.getLogger(__name__)
 
