@@ -163,13 +163,15 @@ def figures_with_predictions(value: InferenceResult) -> tuple[str, str, str]:
 
 
 def _with_paged_in(figure: str, tip: str, nbytes: int, words: str) -> tuple[str, str]:
-    """``figure`` and ``tip`` with what the run paged in (``words``: ``paged_in_words``; the
-    first run after a zero-copy load reads its weights as it touches them), unchanged without."""
+    """``figure`` and ``tip`` with what the run paged in (``words``: ``paged_in_words``: pages
+    of the model's files the kernel reclaimed since the load paged them in, or disk-offloaded
+    weights read through their files), unchanged without."""
     if not words:
         return figure, tip
     return (
         f"{figure} · paged in {format_nbytes(nbytes)}",
-        f"{tip}. {words[0].upper()}{words[1:]}: a zero-copy load maps them, the first run reads them",
+        f"{tip}. {words[0].upper()}{words[1:]}: pages the kernel reclaimed since the load "
+        "paged them in, or weights offloaded to disk",
     )
 
 

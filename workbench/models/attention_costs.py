@@ -99,7 +99,7 @@ def attention_by_module(
 
 
 def attention_seconds(
-    layer: LayerAttention,
+    layer: LayerAttention | None,
     *,
     dtype: str,
     batch: int,
@@ -115,7 +115,7 @@ def attention_seconds(
     prefill of ``prompt`` tokens (module docs).
 
     Args:
-        layer: the layer's attention.
+        layer: the layer's attention (``None``: a module that is no decoder layer: none).
         dtype: the dtype name its cache and queries are in.
         batch: sequences.
         context: tokens in the cache during a decode step.
@@ -126,8 +126,8 @@ def attention_seconds(
         encoder_only: every token attends to every other and nothing is decoded.
         times: this CPU's measured times by ``AttentionShape.key`` (``attention_probe``).
     """
-    shape = attention_shape(layer, dtype)
-    if shape is None:
+    shape = attention_shape(layer, dtype) if layer is not None else None
+    if layer is None or shape is None:
         return AttentionSeconds()
     cached = min(context, layer.window) if layer.kind == "sliding" and layer.window else context
     measured = (times or {}).get(shape.key)

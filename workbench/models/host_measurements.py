@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from workbench.models.cache_dirs import CONTENDED_RETRY_S
 from workbench.models.device_probe import CpuKernelProbe, cached_cpu_kernels
 from workbench.models.dispatch_probe import DispatchOverhead, cached_dispatch_overhead
 from workbench.models.machine_load import contended
@@ -79,7 +80,8 @@ class HostMeasurements:
                 share = getattr(probe, "others_busy", 0.0)
                 out[line_index] += (
                     f" (other processes took {share:.0%} of the CPU meanwhile: measured again "
-                    "when next asked for, at most every 10 minutes, the quieter figures kept)"
+                    f"when next asked for, at most every {CONTENDED_RETRY_S / 60:g} minutes, the "
+                    "quieter figures kept)"
                 )
         return out
 

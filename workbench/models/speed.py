@@ -351,30 +351,23 @@ def predict_speed(
         dispatch_s = _module_calls(unit) * module_call_s
         unit_dtype = _unit_dtype(tree, unit)
         prefill_rate = _prefill_rate(curve, unit_dtype) or flops_per_s
-        layer_attention = attention_of.get(unit.name)
-        attended = (
-            attention_seconds(
-                layer_attention,
-                dtype=unit_dtype,
-                batch=batch_size,
-                context=context,
-                prompt=prompt_tokens,
-                flops_per_s=flops_per_s,
-                prefill_flops_per_s=prefill_rate,
-                memory_bytes_per_s=memory_bw,
-                encoder_only=layout is not None and layout.encoder_only,
-                times=attention_times if execution == "cpu" else None,
-            )
-            if layer_attention is not None
-            else None
+        attended = attention_seconds(
+            attention_of.get(unit.name),
+            dtype=unit_dtype,
+            batch=batch_size,
+            context=context,
+            prompt=prompt_tokens,
+            flops_per_s=flops_per_s,
+            prefill_flops_per_s=prefill_rate,
+            memory_bytes_per_s=memory_bw,
+            encoder_only=layout is not None and layout.encoder_only,
+            times=attention_times if execution == "cpu" else None,
         )
-        attention_s = attended.decode_s if attended else 0.0
-        prefill_attention_s = attended.prefill_s if attended else 0.0
         decode_compute_s = _with_dispatch(
-            max(flops / flops_per_s, weight_read_s) + attention_s, dispatch_s, execution
+            max(flops / flops_per_s, weight_read_s) + attended.decode_s, dispatch_s, execution
         )
         prefill_compute_s = _with_dispatch(
-            max(flops * prompt_tokens / prefill_rate, weight_read_s) + prefill_attention_s,
+            max(flops * prompt_tokens / prefill_rate, weight_read_s) + attended.prefill_s,
             dispatch_s,
             execution,
         )
@@ -392,8 +385,8 @@ def predict_speed(
                 memory_bound=weight_read_s > flops / flops_per_s,
                 precision=max(bytes_by_kind, key=lambda k: bytes_by_kind[k]),
                 dispatch_s=dispatch_s,
-                attention_s=attention_s,
-                prefill_attention_s=prefill_attention_s,
+                attention_s=attended.decode_s,
+                prefill_attention_s=attended.prefill_s,
             )
         )
     if uncovered:
