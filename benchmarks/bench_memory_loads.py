@@ -28,22 +28,28 @@ with the tensors alone; it costs decode speed (``benchmarks/bench_heap_threshold
 ``--quantize nf4,int8`` loads each map quantized to each precision instead (the ``dtype`` column
 names it): the runs add the 4-bit weights' dequantize buffer to the CPU's reserve.
 
-What the rows still miss (2026-12-06, 2-core AVX-512 EPYC), all of it the C heap's slack beyond
-the live blocks, which no formula of the model predicts:
+A worker warms up before a load's CPU baseline (``runtime.runtime_warmup``: the tokenizer's and
+torch's thread pools, attention's and a matmul's first call), and a run's peak is sampled from
+the sampler thread's own first reading until the run's last forward returns (``end_run``):
+before, a run's CPU figure included three threads' stacks and arenas, 180-280 KiB of attention
+state, the sampler thread itself, and the speed prediction's reading of its caches after the
+run (0.3-1.3 MiB; the 8M demos' CPU + disk runs measured -5.5% to -8.9%).
 
-- every run on the CPU: 0.4-0.7 MiB above its KV cache, activations and matmul workspace. In
-  one worker, a second and third run of the same prompt add 0.35 MiB each (the heap's pages
-  touched by a forward's short-lived blocks, above the live peak); the first adds about 0.3
-  MiB more (first-call set-up of the code paths: a one-layer warm-up model before the load
-  recovered part of it, at 1.7 s per load, and was not kept). On the 8M demos' CPU + disk maps,
-  whose CPU totals are 8 MiB, that is -7.8% to -8.7%;
+What the rows still miss (2026-12-06, 2-core AVX-512 EPYC): none as stored or float32 (32 of
+32 rows within 5%, the closest -4.4%: a run still measures 0.25-0.45 MiB above its KV cache,
+activations and matmul workspace: heap pages its short-lived blocks touch above the live
+peak, and 0.1-0.2 MiB of Python objects per run). With ``--quantize nf4,int8``, 18 of 32: the
+C heap's slack beyond the live blocks, which no formula of the model predicts:
+
 - quantized loads: 10-14 KiB per nf4 and int8 weight that the heap keeps around the small
   blocks each quantization keeps between the temporaries it frees (mallinfo2: the live blocks
   are the weights' bytes plus 2 KiB per weight; a fixed mmap threshold during quantization
   leaves 3-6 KiB; copying the kept blocks afterwards made int8 worse); 0.3-0.8 MiB of an 8M
-  demo's 3-8 MiB, 2.5 MiB of SmolLM2-135M's 82 MiB of nf4 weights on CPU + disk (with its run's
-  slack, 5.2 MiB above the prediction, as on the CPU map: -9.1% of the smaller total). The
-  quantization leaves glibc's heap at 580-657 MiB of address space, 400 MiB of it free.
+  demo's 3-8 MiB (-4% to -18% on the load rows), 0.1-2 MiB of SmolLM2-135M's (within 2.5%).
+  The quantization leaves glibc's heap at 580-657 MiB of address space, 400 MiB of it free;
+- their runs add 0.4-0.6 MiB more above the prediction (the dequantize path's blocks), so an
+  8M demo's quantized run on its CPU + disk map, 3.7-5.3 MiB in all, measures -20% to -26%;
+  SmolLM2-135M's quantized runs are within 5% (-2.7% to -4.7%).
 
     python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
         [--prompt-repeat 22] [--quantize nf4,int8]

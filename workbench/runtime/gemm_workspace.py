@@ -54,6 +54,7 @@ from workbench.models.device_probe import cpu_kernel_cache_key
 from workbench.models.probe_process import probe_main, run_probe_process
 from workbench.runtime.memory_prediction import main_device
 from workbench.runtime.model_inputs import accepts
+from workbench.runtime.runtime_warmup import warm_up_runtime
 
 __all__ = [
     "GemmCall",
@@ -69,6 +70,7 @@ PROBE_TENSOR_LIMIT = 256 * 2**20  # a probed weight or output larger than this i
 _CACHE_ENTRIES = 256  # the newest entries kept in the cache file
 _PROBE_TIMEOUT_S = 300
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the dense kernels replayed
+_PROBE_PROCESS = "warmed up as a worker (runtime_warmup)"  # in the cache key: what it measured
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,10 @@ def _run_calls(calls: Iterable[dict[str, Any]], measure: bool) -> int:
 
 def _measure_spec(spec: dict[str, Any]) -> dict[str, int]:
     """The probe process's answer for ``{"threads", "warm", "calls"}``: the bytes ``calls``
-    left resident after ``warm`` ran (not counted)."""
+    left resident after ``warm`` ran (not counted), in a process warmed up as a worker is
+    before its loads (``runtime_warmup``: the pool threads' first matmuls are the runtime's)."""
+    for dtype in {call["dtype"] for call in [*spec["warm"], *spec["calls"]]}:
+        warm_up_runtime(None, to_dtype(dtype))
     _run_calls(spec["warm"], measure=False)
     return {"bytes": _run_calls(spec["calls"], measure=True)}
 
@@ -267,6 +272,7 @@ def _cache_key(calls: Sequence[GemmCall], warm: Sequence[GemmCall]) -> str:
         "settings": settings,
         "warm": [asdict(c) for c in warm],
         "calls": [asdict(c) for c in calls],
+        "process": _PROBE_PROCESS,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 

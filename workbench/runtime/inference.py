@@ -239,9 +239,18 @@ def _prompt(loaded: Any, request: Infer) -> tuple[ModelInputs, str, bool]:
 
 
 def run_inference(
-    loaded: Any, request: Infer, token: CancelToken, emit: Callable[[Event], None]
+    loaded: Any,
+    request: Infer,
+    token: CancelToken,
+    emit: Callable[[Event], None],
+    *,
+    timed_part_done: Callable[[], None] | None = None,
 ) -> InferenceResult:
     """Run the inference test ``request`` on ``loaded``; emit tokens and transfer batches.
+
+    ``timed_part_done()`` is called as the model's last forward returns, before the result is
+    put together (the worker's memory probe ends the run's measurement there: reading the
+    mapped bytes and predicting the speed allocate too, and are not the run's).
 
     Raises:
         BadInputError: for bad sampling settings, or a chat the model cannot take.
@@ -299,6 +308,8 @@ def run_inference(
                 if token_id in stop_ids:
                     stop_reason = "eos"
     end_s = time.perf_counter()
+    if timed_part_done is not None:
+        timed_part_done()
     after = read_mapped_bytes(folders)
     paged_in = max(0, after - file_backed) if after is not None and file_backed is not None else 0
     ttft_s = first_token_s - start_s

@@ -206,7 +206,9 @@ class JobRunner:
                     from workbench.runtime.inference import run_inference  # noqa: PLC0415 (torch; the GUI imports jobs)
 
                     probe.begin("infer")
-                    value: Any = run_inference(self.loaded, request, token, emit)
+                    value: Any = run_inference(
+                        self.loaded, request, token, emit, timed_part_done=probe.end_run
+                    )
                     value = _with_run_memory(
                         self.loaded,
                         value,
@@ -353,6 +355,7 @@ def load_model(
     from workbench.runtime.c_heap import release_free_heap  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.runtime.model_inputs import model_dtype  # noqa: PLC0415 (torch; the GUI imports jobs)
     from workbench.runtime.page_in import page_in_cpu_weights  # noqa: PLC0415 (torch; the GUI imports jobs)
+    from workbench.runtime.runtime_warmup import warm_up_runtime  # noqa: PLC0415 (torch; the GUI imports jobs)
 
     check_devices_available(request.device_map)  # before the build: cuda:99, mps, meta named
     rid = request.request_id
@@ -376,7 +379,9 @@ def load_model(
             "loading needs a model folder with weights, not just a config.json"
         )
     tokenizer = _load_tokenizer(opened)  # before the tensors: not in the load's CPU figure
-    _import_quantizers(request.options, dtype or model_dtype(opened.model))  # runtime too
+    compute_dtype = dtype or model_dtype(opened.model)
+    _import_quantizers(request.options, compute_dtype)  # runtime too
+    warm_up_runtime(tokenizer, compute_dtype)  # thread pools, attention's first call: runtime
     token.raise_if_cancelled()
     total = int(getattr(opened.checkpoint, "total_nbytes", 0) or 0)
     emit(Progress(rid, 0, total, phase="building"))

@@ -13,7 +13,8 @@ Measurements:
   each byte counted once (tied weights, views, slices of one mapped shard);
 - CPU: the worker's anonymous RSS the job added above the load's baseline (``Anonymous`` of
   ``/proc/self/smaps_rollup``; during a run the peak of ``RssAnon``, sampled every 2 ms, above
-  its start after a heap trim, so that it reuses no earlier run's freed pages), plus
+  its start after a heap trim, so that it reuses no earlier run's freed pages, until its last
+  forward returns: ``end_run``; what the worker allocates to report it is not the run's), plus
   the weights a zero-copy load left memory-mapped from the checkpoint (file pages, not
   anonymous). The baseline is taken as the tensors start loading: the imports, the empty model
   and the tokenizer are built by then. What the load added before that (``runtime_bytes``) is
@@ -89,6 +90,7 @@ class MemoryProbe:
         self._run_start_bytes: int | None = None  # anonymous RSS as a run began
         self._run_start_heap_free: int | None = None  # freed bytes the C heap held then
         self._run_start_dequantize = 0  # dequantize buffers held as the run began
+        self._run_peak_bytes: int | None = None  # the run's CPU peak, once its forwards end
         self._job = ""
         self._read_bytes = 0
         self._sampler: AnonPeakSampler | None = None
@@ -111,9 +113,10 @@ class MemoryProbe:
             release_free_heap()
             self._run_start_heap_free = heap_free_bytes()
             self._run_start_dequantize = held_dequantize_buffer_bytes()
+            self._run_peak_bytes = None
             self._sampler = AnonPeakSampler()
-            self._run_start_bytes = self._sampler.start_bytes  # the same counter as the peak
             self._sampler.start()
+            self._run_start_bytes = self._sampler.start_bytes  # the same counter as the peak
 
     def see(self, event: Event) -> None:
         """Count the disk bytes ``event`` says were read; take a load's CPU baseline when its
@@ -130,6 +133,13 @@ class MemoryProbe:
             self._read_bytes += sum(
                 e.nbytes for e in event.events if e.kind == "transfer" and e.source == "disk"
             )
+
+    def end_run(self) -> None:
+        """The run's last forward returned: its CPU peak is final (what the worker does next,
+        reading mapped bytes, predicting speed, is not the run's). ``finish_run`` uses it."""
+        if self._sampler is not None:
+            self._run_peak_bytes = self._sampler.stop()
+            self._sampler = None
 
     def abandon(self) -> None:
         """The job failed: stop the peak sampler."""
@@ -166,9 +176,9 @@ class MemoryProbe:
         weights' dense copies of ``precision_map``'s modules, the load's converted ones,
         ``dequantize_buffer_prediction``). ``before_probing()`` is called before a matmul
         workspace is probed (not cached)."""
-        peak = self._sampler.stop() if self._sampler is not None else None
+        self.end_run()  # a no-op when the run ended its measurement itself
+        peak, self._run_peak_bytes = self._run_peak_bytes, None
         anonymous = read_anonymous_bytes()  # before the prediction and the weights' walk
-        self._sampler = None
         notes: list[str] = []
         kept = heap_free_bytes()
         if kept is not None and self._run_start_heap_free is not None:
@@ -350,13 +360,13 @@ class MemoryProbe:
         elif self._load_bytes is not None and self._run_start_bytes is not None:
             # the load's figure, plus the run's peak above what the worker held as it began
             # (what the worker allocated between jobs, e.g. sending results, is neither's)
-            added = self._load_bytes + max(0, max(peak, anonymous) - self._run_start_bytes)
+            added = self._load_bytes + max(0, peak - self._run_start_bytes)
             how += (
                 " (after the load), plus the run's peak above the worker's as the run began "
                 "(sampled every 2 ms)"
             )
         else:
-            added = max(0, max(peak, anonymous) - baseline)
+            added = max(0, peak - baseline)
             how += " (peak during the run, sampled every 2 ms)"
         if mapped:
             how += f", plus {format_nbytes(mapped)} of weights memory-mapped from files"
