@@ -4,15 +4,20 @@ the detected profile and by profile files."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from workbench.models.device_probe import cpu_kernel_cache_key
 from workbench.models.dispatch_probe import (
+    PROBE_WIDTH,
     DispatchOverhead,
+    _probe_model,
     cached_dispatch_overhead,
+    dispatch_cache_key,
     leaf_module_count,
     measure_dispatch_overhead,
 )
@@ -46,9 +51,29 @@ def test_the_probe_is_cached_per_machine(tmp_path: Path) -> None:
 
     assert cached_dispatch_overhead(measure, cache_path=path) == PROBE
     assert cached_dispatch_overhead(measure, cache_path=path) == PROBE and len(calls) == 1
-    assert cpu_kernel_cache_key() in json.loads(path.read_text())["machines"]
-    path.write_text(json.dumps({"version": 1, "machines": {cpu_kernel_cache_key(): {"x": 1}}}))
+    assert dispatch_cache_key() in json.loads(path.read_text())["machines"]
+    path.write_text(json.dumps({"version": 1, "machines": {dispatch_cache_key(): {"x": 1}}}))
     assert cached_dispatch_overhead(measure, cache_path=path) == PROBE and len(calls) == 2
+
+
+def test_an_entry_of_the_previous_revision_is_measured_again(tmp_path: Path) -> None:
+    # revision 1 timed the probe's 64-wide matmuls too, which the matmul curve also counts
+    path = tmp_path / "dispatch-overhead.json"
+    old = {"version": 1, "machines": {cpu_kernel_cache_key(): asdict(PROBE)}}
+    path.write_text(json.dumps(old))
+    assert cached_dispatch_overhead(cache_path=path, measure_if_missing=False) is None
+    assert dispatch_cache_key().startswith(cpu_kernel_cache_key())
+
+
+def test_the_probe_models_linears_run_no_matmul() -> None:
+    # the matmul curve times each matmul call whole: the dispatch probe leaves them out
+    model = _probe_model(2)
+    layer = model.model.layers[0].mlp.up_proj
+    hidden = torch.ones(1, 3, PROBE_WIDTH, dtype=torch.bfloat16)
+    out = layer(hidden)
+    assert out.shape == (1, 3, layer.out_features) and not out.any()
+    assert layer(hidden) is out  # kept: no allocation per call either
+    assert layer(hidden[:, :1]).shape == (1, 1, layer.out_features)
 
 
 def test_a_failed_measurement_leaves_the_typical_values(tmp_path: Path) -> None:

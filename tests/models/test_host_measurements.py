@@ -15,9 +15,9 @@ from workbench.models.device_probe import (
     cpu_kernel_cache_key,
     cpu_kernels_entry_key,
 )
-from workbench.models.dispatch_probe import DispatchOverhead
+from workbench.models.dispatch_probe import DispatchOverhead, dispatch_cache_key
 from workbench.models.host_measurements import HostMeasurements, measure_host_again
-from workbench.models.matmul_probe import MatmulCurve
+from workbench.models.matmul_probe import MatmulCurve, matmul_curve_cache_key
 
 CACHES = {
     "dispatch-overhead.json": "machines",
@@ -69,6 +69,8 @@ def test_measuring_again_replaces_this_machines_cached_figures(
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
     keys = {name: cpu_kernel_cache_key() for name in CACHES}
     keys["cpu-kernels.json"] = cpu_kernels_entry_key()
+    keys["dispatch-overhead.json"] = dispatch_cache_key()
+    keys["cpu-matmul-curve.json"] = matmul_curve_cache_key()
     stale = {"stale": True, "measured_at": 1.0}
     for name, field in CACHES.items():  # a busy first measurement, and another machine's
         key = keys[name]

@@ -20,7 +20,9 @@ from workbench.models.hardware import (
 from workbench.models.kernel_costs import DOCUMENTED_CPU, KernelCosts
 from workbench.models.matmul_probe import (
     MatmulCurve,
+    _stream,
     cached_matmul_curve,
+    measure_context_seconds,
     measure_matmul_curve,
     measure_prefill_flops,
 )
@@ -35,6 +37,7 @@ CURVE = MatmulCurve(
     measured_at=0.0,
     prefill_flops={"float16": 2e10, "float32": 1e11},
     transposed_points={"float16": [[1e6, 1e-3], [4e6, 4e-3]]},
+    context_s={"float32": 0.0, "float16": 0.0},
 )
 
 
@@ -46,11 +49,47 @@ def test_the_curve_interpolates_between_its_points_and_extends_its_last_slope() 
     assert CURVE.seconds(1000, "bfloat16") is None  # no points: the bandwidth decides
 
 
-def test_the_probe_times_real_matmuls() -> None:
-    curve = measure_matmul_curve(dtypes=("float32",), sizes=(4096, 65536), weights=1, repeats=1)
+def test_the_probe_times_real_matmuls(monkeypatch) -> None:
+    context = []
+    monkeypatch.setattr(
+        "workbench.models.matmul_probe.measure_context_seconds",
+        lambda dtypes: context.append(dtypes) or {"float32": 1e-5},
+    )
+    curve = measure_matmul_curve(
+        dtypes=("float32",), sizes=(4096, 65536), stream_bytes=2**20, repeats=1
+    )
     points = curve.points["float32"]
     assert [point[0] for point in points] == [32 * 32 * 4, 128 * 128 * 4]  # square weights
     assert all(seconds > 0 for _, seconds in points)
+    assert [point[0] for point in curve.transposed_points["float32"]] == [4096, 65536]
+    assert context == [("float32",)] and curve.complete
+
+
+def test_a_stream_mixes_distinct_weights_of_every_size() -> None:
+    stream = _stream("float32", (4096, 65536), 2**20, transposed=False, seed=0)
+    sizes = [index for index, _, _ in stream]
+    # half a MiB of each size (at least two): 128 of 4 KB, 8 of 64 KB, shuffled
+    assert sizes.count(0) == 128 and sizes.count(1) == 8 and sizes != sorted(sizes)
+    assert len({id(weight) for _, weight, _ in stream}) == len(stream)
+
+
+def test_the_context_probe_times_a_real_decode_step() -> None:
+    seconds = measure_context_seconds(("float32",), repeats=1, steps=2, width=128, layers=2)
+    assert set(seconds) == {"float32"} and seconds["float32"] >= 0.0
+
+
+def test_a_matmul_call_inside_a_forward_adds_the_context_seconds() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1000, 1000, bias=False), nn.Linear(1000, 1000, bias=False))
+    tree = build_module_tree(model, dtype=torch.float16)
+    base = replace(load_profile("cpu-laptop-16gb"), module_call_us=0.0, forward_call_us=0.0)
+    quiet = predict_speed(tree, {"": "cpu"}, replace(base, cpu_matmul_curve=CURVE)).per_layer
+    busy_curve = replace(CURVE, context_s={"float16": 7e-6})
+    busy = predict_speed(tree, {"": "cpu"}, replace(base, cpu_matmul_curve=busy_curve)).per_layer
+    # each Linear is one call: its curve time (1e-4 + 1e-4 / 3 for 2e6 B) plus 7 us
+    assert quiet[0].compute_s == pytest.approx(1e-4 + 1e-4 / 3)
+    assert busy[0].compute_s == pytest.approx(quiet[0].compute_s + 7e-6)
+    assert busy_curve.call_seconds(0, "float16") == 0.0  # no weight: no call
 
 
 def test_the_curve_is_cached_per_machine(tmp_path: Path, monkeypatch) -> None:

@@ -11,11 +11,13 @@ in all. The speed model (``speed``) adds this host time per layer:
 
 Measured (``measure_dispatch_overhead``) by timing greedy ``generate`` decode steps of a tiny
 bfloat16 Llama (64 wide, transformers' own classes) with 2 and with 10 layers, the arithmetic
-negligible at that width: ``per_layer = (t10 - t2) / 8``, ``per_module_s = per_layer / module
-calls per layer`` (leaf modules: 10 for Llama), ``step_s = t2 - 2 per_layer - per_module_s x
-the modules outside the layers``. The per-module figure carries the layer's other operations
-(rotary, views, the cache update), so it is a per-leaf-module average for a transformer
-layer: on this CPU 13 to 20 us across GPT-2, Llama, Mistral, Qwen2 and Gemma 2/3 layers
+negligible at that width and its Linears' matmuls left out (each returns a kept zero output:
+the matmul curve, ``matmul_probe``, times each matmul call whole, its fixed cost included, and
+the 64-wide matmuls were a third of the old per-module figure, counted twice):
+``per_layer = (t10 - t2) / 8``, ``per_module_s = per_layer / module calls per layer`` (leaf
+modules: 10 for Llama), ``step_s = t2 - 2 per_layer - per_module_s x the modules outside the
+layers``. The per-module figure carries the layer's other operations (rotary, views, the cache
+update), so it is a per-leaf-module average for a transformer layer: on this CPU 13 to 20 us across GPT-2, Llama, Mistral, Qwen2 and Gemma 2/3 layers
 (float32), about twice that for MoE and hybrid layers, far more for state-space layers run by
 transformers' reference scans (what the speed model then under-predicts). Cached per CPU,
 thread count and library versions in ``<cache dir>/dispatch-overhead.json``: about a second,
@@ -32,6 +34,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +51,7 @@ from workbench.models.probe_process import measure_apart, probe_main
 __all__ = [
     "DispatchOverhead",
     "cached_dispatch_overhead",
+    "dispatch_cache_key",
     "dispatch_cache_path",
     "leaf_module_count",
     "measure_dispatch_overhead",
@@ -58,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 PROBE_WIDTH: Final = 64
 PROBE_LAYERS: Final = (2, 10)
+DISPATCH_REVISION: Final = 2
+"""In the cache key: r2's Linears leave their matmuls out (the matmul curve counts them)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,21 @@ def _probe_model(layers: int) -> nn.Module:
         eos_token_id=2,
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.forward = types.MethodType(_output_without_matmul, module)
+    return model
+
+
+def _output_without_matmul(module: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """A Linear's forward without its matmul: a zero output of its shape, kept for the next
+    call (the matmul, its output's allocation included, is the matmul curve's)."""
+    shape = (*hidden.shape[:-1], module.out_features)
+    kept = module.__dict__.get("_probe_output")
+    if kept is None or kept.shape != shape:
+        kept = module.__dict__["_probe_output"] = hidden.new_zeros(shape)
+    return kept
 
 
 def _generate_s(model: nn.Module, new_tokens: int) -> float:
@@ -170,6 +190,11 @@ def measure_dispatch_overhead_apart() -> DispatchOverhead:
     return measure_apart("workbench.models.dispatch_probe", DispatchOverhead, "the dispatch probe")
 
 
+def dispatch_cache_key() -> str:
+    """The machine's key in the cache: the CPU, threads, libraries and the probe's revision."""
+    return f"{cpu_kernel_cache_key()}, dispatch r{DISPATCH_REVISION}"
+
+
 def dispatch_cache_path() -> Path:
     """``<workbench cache dir>/dispatch-overhead.json``."""
     return workbench_cache_dir() / "dispatch-overhead.json"
@@ -190,7 +215,7 @@ def cached_dispatch_overhead(
     return cached_probe(
         cache_path or dispatch_cache_path(),
         "machines",
-        cpu_kernel_cache_key(),
+        dispatch_cache_key(),
         DispatchOverhead,
         measure or measure_dispatch_overhead_apart,
         measure_if_missing=measure_if_missing,

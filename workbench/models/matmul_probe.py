@@ -2,45 +2,59 @@
 
 A one-token matmul on the CPU reads its weight once, but small weights never reach the
 memory's bandwidth: each call pays the kernel's set-up, its threads' wake-up and, in bfloat16
-and float16, the conversion of the weight's blocks. On this project's 2-core CPU a 192 x 576
-bfloat16 weight (221 KB) takes 75 us, where its bytes at the 22 GB/s a 32 MB weight reaches
-would take 10 us; SmolLM2-135M's 210 layer matmuls per token take 24 ms, three times what a
-single bandwidth says. The speed model (``speed``) therefore reads a plain Linear weight that
-runs on the CPU in the time this curve gives for its bytes and dtype:
+and float16, the conversion of the weight's blocks. On this project's 2-core CPU a 256 KB
+bfloat16 weight takes 40-45 us, where its bytes at the 18 GB/s a 16 MB weight reaches would
+take 14 us. The speed model (``speed``) therefore reads a plain Linear weight that runs on the
+CPU in the time this curve gives for its bytes and dtype:
 
     seconds(W) = piecewise linear in W between the measured points (bytes, seconds);
                  below the smallest, proportional to it; above the largest, its last slope
 
-Measured (``measure_matmul_curve``) as the CPU kernel probe does (``device_probe``): a
-``(1, in)`` activation through square weights of each size and dtype, each timed matmul after
-a 64 MiB cache flush (decode reads weights from memory), rounds round-robin over the sizes,
-each point the best of its rounds. About four seconds; cached per CPU, thread count and
-library versions in ``<cache dir>/cpu-matmul-curve.json``.
+Measured (``measure_matmul_curve``) as a model's decode step runs its matmuls: a ``(1, in)``
+activation through a stream of distinct square weights, ``STREAM_BYTES`` of them per dtype
+(more than a CPU's last-level cache, so each is read from memory, as a model's are), the sizes
+mixed in a seeded shuffle, back to back; each point the median call of its size over three
+passes after an untimed one. Until revision 2 each call was timed alone after a 64 MiB cache
+flush, which also left the kernel's threads idle and its code cold: a 32 KB bfloat16 weight
+took 135 us that way and 20 us in a stream, 192 x 576 (221 KB) 75 us against 38, and
+SmolLM2-135M's 210 layer matmuls were predicted at 35 ms a step where they take 23-29 ms.
+Ten seconds in all; cached per CPU, thread count, library versions and revision in
+``<cache dir>/cpu-matmul-curve.json``.
+
+Inside a model's forward the same call takes longer than back to back: between a layer's
+matmuls run its norms, rotary, cache update and attention, and each matmul pays for it
+(``context_s``, per dtype, added to every call's curve time: ``call_seconds``). Measured
+(``measure_context_seconds``) with a random SmolLM2-wide Llama of ``CONTEXT_LAYERS`` layers: a
+decode step with its matmuls, the same step with each Linear returning a kept zero output, and
+its layers' weights through ``linear`` back to back; the step's matmuls take ``full - without``,
+and what that exceeds the stream by, per call, is ``context_s``. On this project's 2-core CPU
+19-31 us in bfloat16, 10-17 us in float16, 15-38 us in float32: 25% of SmolLM2-135M's matmul
+time, which the stream alone predicted 13-30% too fast.
 
 The same probe times a prefill's matmul per dtype, ``PREFILL_ROWS`` tokens through a
 ``PREFILL_SIDE``-square weight (best of its rounds), as FLOP/s (``prefill_flops``): the speed
 model's prefill compute on the CPU. Nominal peaks say nothing of it: this project's 2-core AVX2
 CPU, which has no bfloat16 arithmetic, ran SmolLM2-135M's 110-token bf16 prefill in 1.70 s,
-where 0.5 TFLOP/s at 50% utilisation predicted 0.17 s. A cache entry from before this figure
-is measured again.
+where 0.5 TFLOP/s at 50% utilisation predicted 0.17 s.
 
 And it times the same weights stored input-major, ``(in, out)``, as ``x @ W`` (``addmm``:
-``transformers``' ``Conv1D``, GPT-2's layers), ``transposed_points``: in bfloat16 and float16
-this CPU's kernels take 12-24x the ``linear`` time for that layout (a 768 x 3072 float16
-weight: 5.5 ms against 0.23 ms; float32 alike), which made GPT-2's decode 4.7x slower than
-predicted.
+``transformers``' ``Conv1D``, GPT-2's layers), ``transposed_points``: in float16 this CPU's
+kernels take 8-20x the ``linear`` time for that layout (a 4 MB float16 weight: 2.2 ms against
+0.2 ms), which made GPT-2's decode 4.7x slower than predicted.
 
 Example:
     >>> curve = cached_matmul_curve()  # doctest: +SKIP
-    >>> round(curve.seconds(221_184, "bfloat16") * 1e6)  # microseconds for 192 x 576 bf16
-    71
+    >>> round(curve.seconds(262_088, "bfloat16") * 1e6)  # microseconds for 362 x 362 bf16
+    43
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
@@ -52,6 +66,7 @@ import torch
 from workbench.big_modeling.dtypes import to_dtype
 from workbench.models.cache_dirs import cached_probe, workbench_cache_dir
 from workbench.models.device_probe import MIB, cpu_kernel_cache_key
+from workbench.models.forward_arguments import cache_argument
 from workbench.models.machine_load import OtherLoad
 from workbench.models.probe_process import measure_apart, probe_main
 
@@ -60,7 +75,9 @@ __all__ = [
     "CURVE_SIZES",
     "MatmulCurve",
     "cached_matmul_curve",
+    "matmul_curve_cache_key",
     "matmul_curve_cache_path",
+    "measure_context_seconds",
     "measure_matmul_curve",
     "measure_matmul_curve_apart",
     "measure_prefill_flops",
@@ -69,6 +86,14 @@ __all__ = [
 CURVE_DTYPES: Final = ("bfloat16", "float16", "float32")
 CURVE_SIZES: Final = (32 * 1024, 256 * 1024, MIB, 4 * MIB, 16 * MIB)
 """Weight bytes measured: from a 64-wide projection's to a large model's MLP weight."""
+STREAM_BYTES: Final = 96 * MIB
+"""Each timed stream's distinct weights: beyond a CPU's last-level cache, as a model's are."""
+CURVE_REVISION: Final = 2
+"""In the cache key: r2 times streams of distinct weights and the context (r1: each call after a
+cache flush)."""
+CONTEXT_WIDTH: Final = 576
+CONTEXT_LAYERS: Final = 12
+"""The Llama ``measure_context_seconds`` runs: SmolLM2-135M's width, 70 MB of 16-bit layers."""
 PREFILL_ROWS: Final = 128
 PREFILL_SIDE: Final = 1024
 
@@ -85,6 +110,8 @@ class MatmulCurve:
         transposed_points: ``points`` for weights stored ``(in, out)``, read by ``x @ W``.
         others_busy: the share of the machine other processes took while it timed
             (``machine_load``; ``None``: not known).
+        context_s: ``{dtype name: seconds}`` one matmul call adds inside a model's forward
+            over the same call back to back (``measure_context_seconds``).
     """
 
     points: dict[str, list[list[float]]]
@@ -93,12 +120,22 @@ class MatmulCurve:
     prefill_flops: dict[str, float] = field(default_factory=dict)
     transposed_points: dict[str, list[list[float]]] = field(default_factory=dict)
     others_busy: float | None = None
+    context_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         """Whether it has every figure this version measures (an older cache entry lacks
         some: it is measured again)."""
-        return bool(self.points and self.prefill_flops and self.transposed_points)
+        return bool(
+            self.points and self.prefill_flops and self.transposed_points and self.context_s
+        )
+
+    def call_seconds(self, nbytes: int, dtype: str, *, transposed: bool = False) -> float | None:
+        """One matmul call inside a model's forward: ``seconds`` plus ``context_s``."""
+        seconds = self.seconds(nbytes, dtype, transposed=transposed)
+        if seconds is None or nbytes <= 0:
+            return seconds
+        return seconds + self.context_s.get(dtype, 0.0)
 
     def seconds(self, nbytes: int, dtype: str, *, transposed: bool = False) -> float | None:
         """The curve's seconds for one matmul reading ``nbytes`` of ``dtype`` weight
@@ -120,63 +157,76 @@ class MatmulCurve:
         return high_s + slope * (nbytes - high_bytes)
 
 
+def _stream(
+    name: str, sizes: Sequence[int], stream_bytes: int, *, transposed: bool, seed: int
+) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Distinct square weights of each size, ``stream_bytes / len(sizes)`` of each (at least
+    two), as ``(size index, weight, activation)`` in a seeded shuffled order: a model's mix."""
+    dtype = to_dtype(name)
+    element = torch.empty((), dtype=dtype).element_size()
+    generator = torch.Generator().manual_seed(seed)
+    stream = []
+    for index, nbytes in enumerate(sizes):
+        side = max(1, math.isqrt(nbytes // element))
+        copies = max(2, math.ceil(stream_bytes / len(sizes) / (side * side * element)))
+        activation = torch.randn(1, side, generator=generator).to(dtype)
+        for _ in range(copies):
+            weight = (torch.randn(side, side, generator=generator) * 0.02).to(dtype)
+            stream.append((index, weight.t().contiguous() if transposed else weight, activation))
+    order = torch.randperm(len(stream), generator=generator).tolist()
+    return [stream[i] for i in order]
+
+
+def _time_stream(
+    stream: list[tuple[int, torch.Tensor, torch.Tensor]],
+    count: int,
+    *,
+    transposed: bool,
+    repeats: int,
+) -> list[float]:
+    """The median seconds of one call per size index, over ``repeats`` passes through
+    ``stream`` after one untimed pass (first-call set-up)."""
+    from torch.nn.functional import linear  # noqa: PLC0415
+
+    times: list[list[float]] = [[] for _ in range(count)]
+    for timed in [False] + [True] * repeats:
+        for index, weight, activation in stream:
+            start = time.perf_counter()
+            if transposed:
+                torch.matmul(activation, weight)
+            else:
+                linear(activation, weight)
+            if timed:
+                times[index].append(time.perf_counter() - start)
+    return [statistics.median(each) for each in times]
+
+
 def measure_matmul_curve(
     dtypes: Sequence[str] = CURVE_DTYPES,
     sizes: Sequence[int] = CURVE_SIZES,
-    weights: int = 3,
-    repeats: int = 5,
+    stream_bytes: int = STREAM_BYTES,
+    repeats: int = 3,
 ) -> MatmulCurve:
-    """Time cold one-token matmuls through ``weights`` square weights per size and dtype
-    (module docs).
+    """Time one-token matmuls through streams of distinct weights per dtype and layout, each
+    point the median call of its size (module docs).
 
     Raises:
         RuntimeError: from torch (out of memory).
     """
-    from torch.nn.functional import linear  # noqa: PLC0415
-
-    generator = torch.Generator().manual_seed(0)
-    cases: list[tuple[str, bool, int, list[torch.Tensor], torch.Tensor]] = []
-    for name in dtypes:
-        dtype = to_dtype(name)
-        element = torch.empty((), dtype=dtype).element_size()
-        for nbytes in sizes:
-            side = max(1, math.isqrt(nbytes // element))
-            tensors = [
-                (torch.randn(side, side, generator=generator) * 0.02).to(dtype)
-                for _ in range(weights)
-            ]
-            activation = torch.randn(1, side, generator=generator).to(dtype)
-            cases.append((name, False, side * side * element, tensors, activation))
-            # (in, out) storage, read as x @ W: one weight (slow kernels: up to 80 ms a call)
-            stored = [tensors[0].t().contiguous()]
-            cases.append((name, True, side * side * element, stored, activation))
-    flush = torch.empty(64 * MIB, dtype=torch.uint8)
-    best = [[math.inf] * len(tensors) for _, _, _, tensors, _ in cases]
-
-    def run(transposed: bool, activation: torch.Tensor, weight: torch.Tensor) -> None:
-        if transposed:
-            torch.matmul(activation, weight)
-        else:
-            linear(activation, weight)
-
-    with torch.inference_mode():
-        for _, transposed, _, tensors, activation in cases:  # warm-up: first-call set-up
-            for weight in tensors:
-                run(transposed, activation, weight)
-        with OtherLoad() as load:
-            for round_index in range(repeats):
-                for case_index, (_, transposed, _, tensors, activation) in enumerate(cases):
-                    for index, weight in enumerate(tensors):
-                        flush.fill_(round_index)
-                        start = time.perf_counter()
-                        run(transposed, activation, weight)
-                        seconds = time.perf_counter() - start
-                        best[case_index][index] = min(best[case_index][index], seconds)
     points: dict[str, list[list[float]]] = {}
     transposed_points: dict[str, list[list[float]]] = {}
-    for (name, transposed, nbytes, _, _), times in zip(cases, best, strict=True):
-        table = transposed_points if transposed else points
-        table.setdefault(name, []).append([float(nbytes), sum(times) / len(times)])
+    with torch.inference_mode(), OtherLoad() as load:
+        for seed, name in enumerate(dtypes):
+            element = torch.empty((), dtype=to_dtype(name)).element_size()
+            sides = [max(1, math.isqrt(nbytes // element)) for nbytes in sizes]
+            for transposed, table in ((False, points), (True, transposed_points)):
+                stream = _stream(name, sizes, stream_bytes, transposed=transposed, seed=seed)
+                seconds = _time_stream(stream, len(sizes), transposed=transposed, repeats=repeats)
+                del stream
+                table[name] = [
+                    [float(side * side * element), each]
+                    for side, each in zip(sides, seconds, strict=True)
+                ]
     return MatmulCurve(
         points=points,
         threads=torch.get_num_threads(),
@@ -184,7 +234,115 @@ def measure_matmul_curve(
         prefill_flops=measure_prefill_flops(dtypes, repeats=repeats),
         transposed_points=transposed_points,
         others_busy=load.share,
+        context_s=measure_context_seconds(dtypes),
     )
+
+
+def _context_model(dtype: torch.dtype, width: int, layers: int) -> torch.nn.Module:
+    """A random ``width``-wide, ``layers``-layer Llama in ``dtype`` (64-wide heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 (slow import)
+
+    config = LlamaConfig(
+        hidden_size=width,
+        intermediate_size=width * 8 // 3,
+        num_attention_heads=max(1, width // 64),
+        num_key_value_heads=max(1, width // 192),
+        num_hidden_layers=layers,
+        vocab_size=256,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu").to(dtype).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.02, generator=generator)
+        head = config.head_dim
+        model.model.rotary_emb.inv_freq.copy_(
+            1.0 / (10000 ** (torch.arange(0, head, 2, dtype=torch.float32) / head))
+        )
+    return model
+
+
+def _decode_step_s(model: torch.nn.Module, steps: int) -> float:
+    """The median seconds of a one-token forward after a 5-token prompt, over ``steps``."""
+    from transformers import DynamicCache  # noqa: PLC0415
+
+    cache, times = {cache_argument(model)[0]: DynamicCache()}, []
+    prompt = torch.tensor([[3, 4, 5, 6, 7]])
+    token = model(input_ids=prompt, logits_to_keep=1, **cache).logits[:, -1:].argmax(-1)
+    for _ in range(steps):
+        start = time.perf_counter()
+        logits = model(input_ids=token, logits_to_keep=1, **cache).logits
+        token = logits[:, -1:].argmax(-1)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _matmul_only(module: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """A Linear's forward without its matmul: a zero output of its shape, kept."""
+    shape = (*hidden.shape[:-1], module.out_features)
+    kept = module.__dict__.get("_probe_output")
+    if kept is None or kept.shape != shape:
+        kept = module.__dict__["_probe_output"] = hidden.new_zeros(shape)
+    return kept
+
+
+def measure_context_seconds(
+    dtypes: Sequence[str] = CURVE_DTYPES,
+    repeats: int = 3,
+    steps: int = 8,
+    width: int = CONTEXT_WIDTH,
+    layers: int = CONTEXT_LAYERS,
+) -> dict[str, float]:
+    """Per dtype, the seconds one matmul call adds inside a model's decode step over the same
+    call back to back: a random Llama's step with its layers' matmuls (``full``), without them
+    (each Linear returns a kept zero output: ``without``), and its layers' weights run through
+    ``linear`` back to back in their order (``stream``), each the best of ``repeats``, taken
+    round-robin; ``max(full - without - stream, 0) / calls`` (module docs)."""
+    from torch.nn.functional import linear  # noqa: PLC0415
+
+    seconds: dict[str, float] = {}
+    with torch.inference_mode():
+        for name in dtypes:
+            model = _context_model(to_dtype(name), width, layers)
+            linears = [
+                module
+                for module_name, module in model.named_modules()
+                if isinstance(module, torch.nn.Linear) and ".layers." in f".{module_name}"
+            ]
+            inputs = {
+                width: torch.randn(1, 1, width).to(to_dtype(name))
+                for width in {module.in_features for module in linears}
+            }
+
+            def stream(linears=linears, inputs=inputs) -> float:
+                start = time.perf_counter()
+                for module in linears:
+                    linear(inputs[module.in_features], module.weight)
+                return time.perf_counter() - start
+
+            def without(model=model, linears=linears) -> float:
+                for module in linears:
+                    module.forward = types.MethodType(_matmul_only, module)
+                try:
+                    return _decode_step_s(model, steps)
+                finally:
+                    for module in linears:
+                        del module.forward
+
+            best = {"full": math.inf, "without": math.inf, "stream": math.inf}
+            _decode_step_s(model, 2)  # first-call set-up
+            stream()
+            for _ in range(repeats):
+                best["full"] = min(best["full"], _decode_step_s(model, steps))
+                best["without"] = min(best["without"], without())
+                best["stream"] = min(best["stream"], statistics.median(stream() for _ in range(3)))
+            added = best["full"] - best["without"] - best["stream"]
+            seconds[name] = max(added, 0.0) / len(linears)
+            del model, linears, inputs
+    return seconds
 
 
 def measure_prefill_flops(
@@ -225,6 +383,11 @@ def measure_matmul_curve_apart() -> MatmulCurve:
     return measure_apart("workbench.models.matmul_probe", MatmulCurve, "the CPU matmul probe")
 
 
+def matmul_curve_cache_key() -> str:
+    """The machine's key in the cache: the CPU, threads, libraries and the probe's revision."""
+    return f"{cpu_kernel_cache_key()}, matmul curve r{CURVE_REVISION}"
+
+
 def matmul_curve_cache_path() -> Path:
     """``<workbench cache dir>/cpu-matmul-curve.json``."""
     return workbench_cache_dir() / "cpu-matmul-curve.json"
@@ -247,7 +410,7 @@ def cached_matmul_curve(
         return cached_probe(
             cache_path or matmul_curve_cache_path(),
             "machines",
-            cpu_kernel_cache_key(),
+            matmul_curve_cache_key(),
             MatmulCurve,
             measure or measure_matmul_curve_apart,
             measure_if_missing=measure_if_missing,

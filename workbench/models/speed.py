@@ -35,7 +35,8 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
 
 On the CPU, with the profile's ``cpu_matmul_curve`` (``matmul_probe``: measured for the
 detected profile), a plain Linear weight of ``W_t`` bytes is read in the curve's seconds for
-its size and dtype instead of ``W_t / (M * mbu)``: small weights never reach the bandwidth. A
+its size and dtype, plus what a matmul call costs inside a forward over back to back (the
+curve's ``context_s``), instead of ``W_t / (M * mbu)``: small weights never reach the bandwidth. A
 quantized one is read in ``curve(P_t) x W_t / P_t / eff(cpu, p_t)``, ``P_t`` its 16-bit bytes:
 its kernel's efficiency is measured against that 16-bit kernel, not the nominal bandwidth
 (bitsandbytes' nf4 on this project's 2-core CPU: 6.77 tok/s measured on SmolLM2-135M, 23.7
@@ -521,9 +522,9 @@ def _curve_seconds(
     dtype = _dtype_name(tree, module)
     transposed = tree.node(module).class_name == "Conv1D"  # (in, out) storage, x @ W
     if kind == "plain":
-        return curve.seconds(nbytes, dtype, transposed=transposed)
+        return curve.call_seconds(nbytes, dtype, transposed=transposed)
     plain = tree.node(module).param_count * to_dtype(dtype).itemsize
-    seconds = curve.seconds(plain, dtype, transposed=transposed) if plain > 0 else None
+    seconds = curve.call_seconds(plain, dtype, transposed=transposed) if plain > 0 else None
     if seconds is None or costs is None:
         return None
     efficiency = costs.efficiency("cpu", kind)

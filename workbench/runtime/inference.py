@@ -12,7 +12,6 @@ plan on the named hardware.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +26,7 @@ from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
 from workbench.big_modeling.transfers import TransferEvent, recording_transfers
 from workbench.models.attention_probe import AttentionTimes, cached_attention_times
+from workbench.models.forward_arguments import cache_argument
 from workbench.models.hardware import (
     DETECTED_NAME,
     detect_hardware,
@@ -170,20 +170,6 @@ def cancellable_forwards(
     finally:
         for handle in handles:
             handle.remove()
-
-
-def cache_argument(model: torch.nn.Module) -> tuple[str, str]:
-    """The forward's KV-cache keyword and the output's cache attribute.
-
-    transformers 5.x renamed ``past_key_values`` to ``cache``; older releases keep the old name.
-    """
-    try:
-        params = inspect.signature(type(model).forward).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "cache" in params:
-        return "cache", "cache"
-    return "past_key_values", "past_key_values"
 
 
 def generate_tokens(

@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 _SMAPS_ROLLUP = "/proc/self/smaps_rollup"
 _STATUS = "/proc/self/status"
+_STATM = "/proc/self/statm"
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _SMAPS = "/proc/self/smaps"
 _MAPS = "/proc/self/maps"
 PEAK_SAMPLE_S = 0.002  # a run's CPU peak: RssAnon every 2 ms (one small /proc read each)
@@ -112,7 +114,13 @@ class AnonPeakSampler:
 
     ``start_bytes`` is its first reading, taken by the thread once it runs, so the sampler's own
     stack and malloc arena (240 KiB the first time, a tenth of a small model's run) are in it,
-    not in the peak above it; ``start()`` returns after that reading."""
+    not in the peak above it; ``start()`` returns after that reading.
+
+    Each reading is ``/proc/self/statm``'s resident minus shared pages (the kernel's anonymous
+    page counter, the one ``RssAnon`` prints), read from a descriptor opened once: 1 us where
+    parsing ``/proc/self/status`` took 20. On a 2-core CPU, sampling with ``status`` every 2 ms
+    slowed SmolLM2-135M's decode steps by 3.0 ms (40.1 ms against 37.1 without a sampler),
+    ``statm`` by 1.7 ms (38.8)."""
 
     def __init__(self, period_s: float = PEAK_SAMPLE_S) -> None:
         self.period_s = period_s
@@ -120,8 +128,13 @@ class AnonPeakSampler:
         self._stop = threading.Event()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-peak", daemon=True)
+        self._statm: int | None = None
 
     def start(self) -> None:
+        try:
+            self._statm = os.open(_STATM, os.O_RDONLY)
+        except (OSError, AttributeError):  # no /proc: the status file, or nothing
+            self._statm = None
         self._thread.start()
         self._started.wait()
 
@@ -129,10 +142,22 @@ class AnonPeakSampler:
         self._stop.set()
         self._thread.join()
         self._sample()
+        if self._statm is not None:
+            os.close(self._statm)
+            self._statm = None
         return self.peak_bytes
 
+    def _read(self) -> int:
+        if self._statm is not None:
+            try:
+                fields = os.pread(self._statm, 128, 0).split()
+                return (int(fields[1]) - int(fields[2])) * _PAGE_BYTES
+            except (OSError, ValueError, IndexError):
+                pass
+        return _kib_field(_STATUS, b"RssAnon:") or 0
+
     def _sample(self) -> None:
-        self.peak_bytes = max(self.peak_bytes, _kib_field(_STATUS, b"RssAnon:") or 0)
+        self.peak_bytes = max(self.peak_bytes, self._read())
 
     def _run(self) -> None:
         self._sample()
