@@ -92,7 +92,7 @@ _PROBING_TEXT = {  # what the worker measures after a run's timed part, once, be
     PROBING_HOST: (
         "measuring this machine…",
         "Measuring this machine's cost per module call and its CPU matmul speed, for the "
-        "predicted figures: once per machine, a few seconds, in fresh processes.",
+        "predicted figures: once per machine, about fifteen seconds, in fresh processes.",
     ),
     PROBING_WORKSPACE: (
         "measuring matmul memory…",
