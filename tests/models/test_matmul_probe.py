@@ -38,6 +38,7 @@ CURVE = MatmulCurve(
     prefill_flops={"float16": 2e10, "float32": 1e11},
     transposed_points={"float16": [[1e6, 1e-3], [4e6, 4e-3]]},
     context_s={"float32": 0.0, "float16": 0.0},
+    prefill_rows_flops={"float16": [[8, 2e10], [128, 2e10]]},
 )
 
 
@@ -63,6 +64,7 @@ def test_the_probe_times_real_matmuls(monkeypatch) -> None:
     assert all(seconds > 0 for _, seconds in points)
     assert [point[0] for point in curve.transposed_points["float32"]] == [4096, 65536]
     assert context == [("float32",)] and curve.complete
+    assert [rows for rows, _ in curve.prefill_rows_flops["float32"]] == [8, 32, 128]
 
 
 def test_a_stream_mixes_distinct_weights_of_every_size() -> None:
@@ -134,6 +136,37 @@ def test_a_conv1d_weight_is_read_on_the_curve_of_its_in_out_layout() -> None:
     assert layers[0].compute_s == pytest.approx(1e-3 + 1e-3, rel=1e-4)
     assert layers[1].compute_s == pytest.approx(1e-4 + 1e-4 / 3)
     assert CURVE.seconds(2_000_000, "float32", transposed=True) is None  # no points
+
+
+def test_a_short_prompts_prefill_runs_at_its_row_counts_rate() -> None:
+    # this project's CPU, bfloat16: 175 GFLOP/s at 8 rows, 418 at 128; a 5-token prompt's
+    # forward took 1.3 decode steps, which max(FLOPs / the 128-row rate, read) called one
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1000, 1000, bias=False))
+    tree = build_module_tree(model, dtype=torch.float16)
+    rows = replace(CURVE, prefill_rows_flops={"float16": [[8, 1e10], [128, 4e10]]})
+    base = replace(load_profile("cpu-laptop-16gb"), module_call_us=0.0, forward_call_us=0.0)
+    profile = replace(base, cpu_matmul_curve=rows)
+    read = 1e-4 + 1e-4 / 3  # the 2e6 B weight's one-token time on the curve
+
+    def prefill(tokens: int) -> float:
+        return (
+            predict_speed(tree, {"": "cpu"}, profile, prompt_tokens=tokens)
+            .per_layer[0]
+            .prefill_compute_s
+        )
+
+    assert rows.prefill_flops_at("float16", 68) == pytest.approx(2.5e10)  # halfway
+    assert (
+        rows.prefill_flops_at("float16", 4) == 1e10
+        and rows.prefill_flops_at("float16", 999) == 4e10
+    )
+    assert prefill(68) == pytest.approx(2e6 * 68 / 2.5e10)  # 2 x 1e6 params x 68 tokens
+    assert prefill(500) == pytest.approx(2e6 * 500 / 4e10)
+    at_8 = 2e6 * 8 / 1e10  # 1.6 ms, above the read
+    assert prefill(1) == pytest.approx(read)
+    assert prefill(5) == pytest.approx(read + (at_8 - read) * 4 / 7)  # linear to 8 rows
+    assert prefill(8) == pytest.approx(at_8)
 
 
 def test_the_prefill_probe_times_real_matmuls_per_dtype() -> None:

@@ -37,6 +37,11 @@ model's prefill compute on the CPU. Nominal peaks say nothing of it: this projec
 CPU, which has no bfloat16 arithmetic, ran SmolLM2-135M's 110-token bf16 prefill in 1.70 s,
 where 0.5 TFLOP/s at 50% utilisation predicted 0.17 s.
 
+It times that matmul at ``PREFILL_ROW_POINTS`` tokens too (``prefill_rows_flops``): on this
+project's CPU a bfloat16 matmul runs at 175 GFLOP/s with 8 rows, 320 with 32 and 418 with 128,
+so a short prompt's forward is not a decode step's (5 tokens: 30% longer) nor a long prompt's
+rate (the speed model takes the one-token time below the first point, rising linearly to it).
+
 And it times the same weights stored input-major, ``(in, out)``, as ``x @ W`` (``addmm``:
 ``transformers``' ``Conv1D``, GPT-2's layers), ``transposed_points``: in float16 this CPU's
 kernels take 8-20x the ``linear`` time for that layout (a 4 MB float16 weight: 2.2 ms against
@@ -95,6 +100,7 @@ CONTEXT_WIDTH: Final = 576
 CONTEXT_LAYERS: Final = 12
 """The Llama ``measure_context_seconds`` runs: SmolLM2-135M's width, 70 MB of 16-bit layers."""
 PREFILL_ROWS: Final = 128
+PREFILL_ROW_POINTS: Final = (8, 32, 128)
 PREFILL_SIDE: Final = 1024
 
 
@@ -112,6 +118,9 @@ class MatmulCurve:
             (``machine_load``; ``None``: not known).
         context_s: ``{dtype name: seconds}`` one matmul call adds inside a model's forward
             over the same call back to back (``measure_context_seconds``).
+        prefill_rows_flops: ``{dtype name: [[rows, FLOP/s], ...]}``, rows increasing: the
+            prefill matmul's rate at ``PREFILL_ROW_POINTS`` tokens (a short prompt's matmuls
+            run far below a long one's: ``prefill_flops_at``).
     """
 
     points: dict[str, list[list[float]]]
@@ -121,14 +130,35 @@ class MatmulCurve:
     transposed_points: dict[str, list[list[float]]] = field(default_factory=dict)
     others_busy: float | None = None
     context_s: dict[str, float] = field(default_factory=dict)
+    prefill_rows_flops: dict[str, list[list[float]]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         """Whether it has every figure this version measures (an older cache entry lacks
         some: it is measured again)."""
         return bool(
-            self.points and self.prefill_flops and self.transposed_points and self.context_s
+            self.points
+            and self.prefill_flops
+            and self.transposed_points
+            and self.context_s
+            and self.prefill_rows_flops
         )
+
+    def prefill_flops_at(self, dtype: str, rows: int) -> float | None:
+        """The prefill matmul's FLOP/s at ``rows`` tokens: linear in rows between the measured
+        points, the first point's below it, the last's above it; ``None`` without points for
+        ``dtype``."""
+        points = self.prefill_rows_flops.get(dtype)
+        if not points:
+            return None
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (low_rows, low_rate), (high_rows, high_rate) in pairwise(points):
+            if rows <= high_rows:
+                return low_rate + (rows - low_rows) / (high_rows - low_rows) * (
+                    high_rate - low_rate
+                )
+        return points[-1][1]
 
     def call_seconds(self, nbytes: int, dtype: str, *, transposed: bool = False) -> float | None:
         """One matmul call inside a model's forward: ``seconds`` plus ``context_s``."""
@@ -235,6 +265,13 @@ def measure_matmul_curve(
         transposed_points=transposed_points,
         others_busy=load.share,
         context_s=measure_context_seconds(dtypes),
+        prefill_rows_flops={
+            name: [
+                [float(rows), measure_prefill_flops((name,), rows=rows, repeats=repeats)[name]]
+                for rows in PREFILL_ROW_POINTS
+            ]
+            for name in dtypes
+        },
     )
 
 

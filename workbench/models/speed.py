@@ -40,8 +40,12 @@ curve's ``context_s``), instead of ``W_t / (M * mbu)``: small weights never reac
 quantized one is read in ``curve(P_t) x W_t / P_t / eff(cpu, p_t)``, ``P_t`` its 16-bit bytes:
 its kernel's efficiency is measured against that 16-bit kernel, not the nominal bandwidth
 (bitsandbytes' nf4 on this project's 2-core CPU: 6.77 tok/s measured on SmolLM2-135M, 23.7
-predicted against the nominal bandwidth). The curve's ``prefill_flops`` (a 128-token matmul's
-FLOP/s per dtype, measured with it) replaces ``F * mfu`` in a CPU layer's prefill compute. A
+predicted against the nominal bandwidth). The curve's prefill rate for the prompt's row count
+(``prefill_rows_flops``, measured at 8, 32 and 128 rows and interpolated; ``prefill_flops``,
+the 128-row one, where a curve has no row points) replaces ``F * mfu`` in a CPU layer's
+prefill compute; below 8 rows its time rises linearly from the one-token ``read`` to the
+8-row time (on this project's CPU a 5-token bfloat16 prompt's forward takes 1.3 decode steps,
+which ``max(2 N B P / rate, read)`` said was one). A
 ``Conv1D`` weight (GPT-2), stored ``(in, out)``, is read on the curve measured for that layout.
 
 ``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
@@ -367,10 +371,17 @@ def predict_speed(
         decode_compute_s = _with_dispatch(
             max(flops / flops_per_s, weight_read_s) + attended.decode_s, dispatch_s, execution
         )
+        prefill_matmul_s = _prefill_matmul_seconds(
+            curve if execution == "cpu" else None,
+            unit_dtype,
+            flops,
+            prompt_tokens,
+            batch_size,
+            weight_read_s,
+            prefill_rate,
+        )
         prefill_compute_s = _with_dispatch(
-            max(flops * prompt_tokens / prefill_rate, weight_read_s) + attended.prefill_s,
-            dispatch_s,
-            execution,
+            prefill_matmul_s + attended.prefill_s, dispatch_s, execution
         )
         time_s = max(transfer_s, decode_compute_s) if prefetch else transfer_s + decode_compute_s
         layers.append(
@@ -487,6 +498,31 @@ def _prefill_rate(curve: MatmulCurve | None, dtype: str) -> float | None:
     if curve is None or not curve.prefill_flops:
         return None
     return curve.prefill_flops.get(dtype)
+
+
+def _prefill_matmul_seconds(
+    curve: MatmulCurve | None,
+    dtype: str,
+    flops: float,
+    tokens: int,
+    batch: int,
+    read_s: float,
+    rate: float,
+) -> float:
+    """A layer's prefill matmuls over ``tokens`` (``flops`` per token, batch included): its
+    FLOPs at the curve's rate for that many rows (``prefill_flops_at``), never less than its
+    one-token read ``read_s``; below the first measured row count, from ``read_s`` at one
+    token rising linearly to that count's time. Without rows measured: ``max(flops x tokens /
+    rate, read_s)``."""
+    rows = max(tokens * batch, 1)
+    first = curve.prefill_rows_flops.get(dtype) if curve is not None else None
+    if not first:
+        return max(flops * tokens / rate, read_s)
+    first_rows, first_rate = int(first[0][0]), first[0][1]
+    if rows >= first_rows:
+        return max(flops * tokens / (curve.prefill_flops_at(dtype, rows) or rate), read_s)
+    at_first = max(flops / batch * first_rows / first_rate, read_s)
+    return read_s + (at_first - read_s) * (rows - 1) / (first_rows - 1)
 
 
 def _curve_seconds(
