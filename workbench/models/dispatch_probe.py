@@ -17,9 +17,11 @@ the 64-wide matmuls were a third of the old per-module figure, counted twice):
 ``per_layer = (t10 - t2) / 8``, ``per_module_s = per_layer / module calls per layer`` (leaf
 modules: 10 for Llama), ``step_s = t2 - 2 per_layer - per_module_s x the modules outside the
 layers``. The per-module figure carries the layer's other operations (rotary, views, the cache
-update), so it is a per-leaf-module average for a transformer layer: on this CPU 13 to 20 us across GPT-2, Llama, Mistral, Qwen2 and Gemma 2/3 layers
-(float32), about twice that for MoE and hybrid layers, far more for state-space layers run by
-transformers' reference scans (what the speed model then under-predicts). Cached per CPU,
+update), so it is a per-leaf-module average for a transformer layer: on this CPU 21 us for the
+bfloat16 Llama (35 us with its matmuls, revision 1); before that revision, 13 to 20 us across
+GPT-2, Llama, Mistral, Qwen2 and Gemma 2/3 layers (float32), about twice that for MoE and
+hybrid layers, far more for state-space layers run by transformers' reference scans (what the
+speed model then under-predicts). Cached per CPU,
 thread count and library versions in ``<cache dir>/dispatch-overhead.json``: about a second,
 once per machine.
 

@@ -36,17 +36,17 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
 On the CPU, with the profile's ``cpu_matmul_curve`` (``matmul_probe``: measured for the
 detected profile), a plain Linear weight of ``W_t`` bytes is read in the curve's seconds for
 its size and dtype, plus what a matmul call costs inside a forward over back to back (the
-curve's ``context_s``), instead of ``W_t / (M * mbu)``: small weights never reach the bandwidth. A
-quantized one is read in ``curve(P_t) x W_t / P_t / eff(cpu, p_t)``, ``P_t`` its 16-bit bytes:
-its kernel's efficiency is measured against that 16-bit kernel, not the nominal bandwidth
-(bitsandbytes' nf4 on this project's 2-core CPU: 6.77 tok/s measured on SmolLM2-135M, 23.7
-predicted against the nominal bandwidth). The curve's prefill rate for the prompt's row count
-(``prefill_rows_flops``, measured at 8, 32 and 128 rows and interpolated; ``prefill_flops``,
-the 128-row one, where a curve has no row points) replaces ``F * mfu`` in a CPU layer's
-prefill compute; below 8 rows its time rises linearly from the one-token ``read`` to the
-8-row time (on this project's CPU a 5-token bfloat16 prompt's forward takes 1.3 decode steps,
-which ``max(2 N B P / rate, read)`` said was one). A
-``Conv1D`` weight (GPT-2), stored ``(in, out)``, is read on the curve measured for that layout.
+curve's ``context_s``), instead of ``W_t / (M * mbu)``: small weights never reach the
+bandwidth. A quantized one is read in ``curve(P_t) x W_t / P_t / eff(cpu, p_t)``, ``P_t``
+its 16-bit bytes: its kernel's efficiency is measured against that 16-bit kernel, not the
+nominal bandwidth (bitsandbytes' nf4 on this project's 2-core CPU: 6.77 tok/s measured on
+SmolLM2-135M, 23.7 predicted against the nominal bandwidth). The curve's prefill rate for the
+prompt's row count (``prefill_rows_flops``, measured at 8, 32 and 128 rows and interpolated;
+``prefill_flops``, the 128-row one, where a curve has no row points) replaces ``F * mfu`` in a
+CPU layer's prefill compute; below 8 rows its time rises linearly from the one-token ``read``
+to the 8-row time (on this project's CPU a 5-token bfloat16 prompt's forward takes 1.3 decode
+steps, which ``max(2 N B P / rate, read)`` said was one). A ``Conv1D`` weight (GPT-2), stored
+``(in, out)``, is read on the curve measured for that layout.
 
 ``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
 ``forward_call_us`` (``dispatch_probe``: measured on this machine, typical elsewhere); the

@@ -160,9 +160,11 @@ class AnonPeakSampler:
         self.peak_bytes = max(self.peak_bytes, self._read())
 
     def _run(self) -> None:
-        self._sample()
-        self.start_bytes = self.peak_bytes
-        self._started.set()
+        try:
+            self._sample()
+            self.start_bytes = self.peak_bytes
+        finally:  # start() waits for this, whatever the reading did
+            self._started.set()
         while not self._stop.wait(self.period_s):
             self._sample()
 
