@@ -35,10 +35,12 @@ before, a run's CPU figure included three threads' stacks and arenas, 180-280 Ki
 state, the sampler thread itself, and the speed prediction's reading of its caches after the
 run (0.3-1.3 MiB; the 8M demos' CPU + disk runs measured -5.5% to -8.9%).
 
-What the rows still miss (2026-12-06, 2-core AVX-512 EPYC): none as stored or float32 (32 of
-32 rows within 5%, the closest -4.4%: a run still measures 0.25-0.45 MiB above its KV cache,
-activations and matmul workspace: heap pages its short-lived blocks touch above the live
-peak, and 0.1-0.2 MiB of Python objects per run). With ``--quantize nf4,int8``, 18 of 32: the
+What the rows still miss (2026-12-06, 2-core AVX-512 EPYC): as stored and float32, 32 of 32
+rows within 5% in one run and 31 in the next. GPT-2's CPU + disk map as stored, an 8 MiB
+total, measures -3.2% to -5.9% run to run (six runs). A run still measures 0.25-0.5 MiB above
+its KV cache, activations and matmul workspace: heap pages that its short-lived blocks touch
+above the live peak (the record's note: 1.1 MiB more freed blocks held at the end), and
+0.1-0.2 MiB of Python objects per run. With ``--quantize nf4,int8``, 18 of 32: the
 C heap's slack beyond the live blocks, which no formula of the model predicts:
 
 - quantized loads: 10-14 KiB per nf4 and int8 weight that the heap keeps around the small
