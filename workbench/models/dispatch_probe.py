@@ -58,6 +58,7 @@ __all__ = [
     "leaf_module_count",
     "measure_dispatch_overhead",
     "measure_dispatch_overhead_apart",
+    "skip_matmul",
 ]
 
 logger = logging.getLogger(__name__)
@@ -111,13 +112,18 @@ def _probe_model(layers: int) -> nn.Module:
     model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            module.forward = types.MethodType(_output_without_matmul, module)
+            skip_matmul(module)
     return model
 
 
+def skip_matmul(linear: nn.Linear) -> None:
+    """Make ``linear``'s forward return a zero output of its shape, kept for the next call, in
+    place of its matmul (the matmul, its output's allocation included, is the matmul curve's);
+    ``del linear.forward`` restores it."""
+    linear.forward = types.MethodType(_output_without_matmul, linear)
+
+
 def _output_without_matmul(module: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-    """A Linear's forward without its matmul: a zero output of its shape, kept for the next
-    call (the matmul, its output's allocation included, is the matmul curve's)."""
     shape = (*hidden.shape[:-1], module.out_features)
     kept = module.__dict__.get("_probe_output")
     if kept is None or kept.shape != shape:

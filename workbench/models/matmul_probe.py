@@ -59,7 +59,6 @@ import math
 import statistics
 import sys
 import time
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
@@ -71,6 +70,7 @@ import torch
 from workbench.big_modeling.dtypes import to_dtype
 from workbench.models.cache_dirs import cached_probe, workbench_cache_dir
 from workbench.models.device_probe import MIB, cpu_kernel_cache_key
+from workbench.models.dispatch_probe import skip_matmul
 from workbench.models.forward_arguments import cache_argument
 from workbench.models.machine_load import OtherLoad
 from workbench.models.probe_process import measure_apart, probe_main
@@ -100,7 +100,7 @@ CONTEXT_WIDTH: Final = 576
 CONTEXT_LAYERS: Final = 12
 """The Llama ``measure_context_seconds`` runs: SmolLM2-135M's width, 70 MB of 16-bit layers."""
 PREFILL_ROWS: Final = 128
-PREFILL_ROW_POINTS: Final = (8, 32, 128)
+PREFILL_ROW_POINTS: Final = (8, 32, PREFILL_ROWS)
 PREFILL_SIDE: Final = 1024
 
 
@@ -247,31 +247,28 @@ def measure_matmul_curve(
     transposed_points: dict[str, list[list[float]]] = {}
     with torch.inference_mode(), OtherLoad() as load:
         for seed, name in enumerate(dtypes):
-            element = torch.empty((), dtype=to_dtype(name)).element_size()
-            sides = [max(1, math.isqrt(nbytes // element)) for nbytes in sizes]
             for transposed, table in ((False, points), (True, transposed_points)):
                 stream = _stream(name, sizes, stream_bytes, transposed=transposed, seed=seed)
                 seconds = _time_stream(stream, len(sizes), transposed=transposed, repeats=repeats)
+                nbytes = {index: weight.nbytes for index, weight, _ in stream}
                 del stream
-                table[name] = [
-                    [float(side * side * element), each]
-                    for side, each in zip(sides, seconds, strict=True)
-                ]
+                table[name] = [[float(nbytes[i]), each] for i, each in enumerate(seconds)]
+    prefill_rows = {  # the last row count is PREFILL_ROWS: prefill_flops is its rate
+        name: [
+            [float(rows), measure_prefill_flops((name,), rows=rows, repeats=repeats)[name]]
+            for rows in PREFILL_ROW_POINTS
+        ]
+        for name in dtypes
+    }
     return MatmulCurve(
         points=points,
         threads=torch.get_num_threads(),
         measured_at=time.time(),
-        prefill_flops=measure_prefill_flops(dtypes, repeats=repeats),
+        prefill_flops={name: rows[-1][1] for name, rows in prefill_rows.items()},
         transposed_points=transposed_points,
         others_busy=load.share,
         context_s=measure_context_seconds(dtypes),
-        prefill_rows_flops={
-            name: [
-                [float(rows), measure_prefill_flops((name,), rows=rows, repeats=repeats)[name]]
-                for rows in PREFILL_ROW_POINTS
-            ]
-            for name in dtypes
-        },
+        prefill_rows_flops=prefill_rows,
     )
 
 
@@ -317,15 +314,6 @@ def _decode_step_s(model: torch.nn.Module, steps: int) -> float:
     return statistics.median(times)
 
 
-def _matmul_only(module: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-    """A Linear's forward without its matmul: a zero output of its shape, kept."""
-    shape = (*hidden.shape[:-1], module.out_features)
-    kept = module.__dict__.get("_probe_output")
-    if kept is None or kept.shape != shape:
-        kept = module.__dict__["_probe_output"] = hidden.new_zeros(shape)
-    return kept
-
-
 def measure_context_seconds(
     dtypes: Sequence[str] = CURVE_DTYPES,
     repeats: int = 3,
@@ -362,7 +350,7 @@ def measure_context_seconds(
 
             def without(model=model, linears=linears) -> float:
                 for module in linears:
-                    module.forward = types.MethodType(_matmul_only, module)
+                    skip_matmul(module)
                 try:
                     return _decode_step_s(model, steps)
                 finally:

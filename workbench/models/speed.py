@@ -82,15 +82,17 @@ each per forward, which is the staging the driver does for a pageable copy.
 Context: a decode step's cache holds ``C = decode_context`` tokens (default: the prompt; an
 inference run's prediction uses its prompt plus half the tokens it generated). Before the
 attention terms, SmolLM2-135M on this project's 2-core AVX-512 CPU was predicted 20.0 tok/s
-after a 2,000-token prompt where it decodes 12.9-13.2 (now 11.9), and a 1,365 ms TTFT where it
-takes 2,651-2,747 (now 2,574): bfloat16 attention on that CPU reads its cache at 1.3 GB/s. The terms need
-the model's ``AttentionLayout``: read from an ``OpenedModel``'s config, or given with a tree.
+after a 2,000-token prompt where it decodes 12.8-13.2 (now 12.9-14.1), and a 1,365 ms TTFT
+where it takes 2,651-2,789 (now 2,597-2,607): bfloat16 attention on that CPU reads its cache
+at 1.3 GB/s. The terms need the model's ``AttentionLayout``: read from an ``OpenedModel``'s
+config, or given with a tree.
 
 Limits: activations moving between GPUs are ignored (kilobytes per token); one prefetch slot
 is assumed (the overlap can never hide more than one layer's compute); disk reads assume the
 page cache is cold; the first forward of a process pays one-time set-up (thread pools, kernel
 primitives: SmolLM2-135M's 31-token prefill, its weights paged in, takes 64-80 ms the first
-time and 54-57 ms after) that the model does not predict; CPU compute for CPU-only plans uses the profile's CPU TFLOP/s and memory bandwidth.
+time and 54-57 ms after) that the model does not predict; CPU compute for CPU-only plans uses
+the profile's CPU TFLOP/s and memory bandwidth.
 The prediction is a floor for transfer-bound plans and a rough guide elsewhere; the app shows
 it next to what it measures.
 
@@ -316,10 +318,12 @@ def predict_speed(
         bytes_by_kind: dict[str, int] = {}
         curve_s = 0.0  # Linear weights read in the curve's time
         curve_bytes: dict[str, int] = {}  # their bytes, by kind
+        bytes_by_dtype: dict[Any, int] = {}  # floating bytes by the dtype they are counted in
         for tensor_name in _unit_tensors(unit):
             nbytes = tree.tensor_nbytes.get(tensor_name)
             if nbytes is None:  # a tied alias: counted under its first name
                 continue
+            _count_floating(tree, tensor_name, nbytes, bytes_by_dtype)
             tier = placement.device_for(tensor_name)
             if tier is None:
                 uncovered.append(tensor_name)
@@ -354,7 +358,7 @@ def predict_speed(
         )
         flops = 2.0 * _param_count(unit, tree) * batch_size
         dispatch_s = _module_calls(unit) * module_call_s
-        unit_dtype = _unit_dtype(tree, unit)
+        unit_dtype = _dominant_dtype(tree, unit, bytes_by_dtype)
         prefill_rate = _prefill_rate(curve, unit_dtype) or flops_per_s
         attended = attention_seconds(
             attention_of.get(unit.name),
@@ -445,17 +449,31 @@ def attention_shapes_for(tree: ModuleTree, layout: AttentionLayout) -> list[Atte
     return list(dict.fromkeys(shape for shape in shapes if shape is not None))
 
 
-def _unit_dtype(tree: ModuleTree, unit: ModuleNode) -> str:
+def _count_floating(
+    tree: ModuleTree, tensor_name: str, nbytes: int, bytes_by_dtype: dict[Any, int]
+) -> None:
+    """Add ``tensor_name``'s bytes under its dtype when it is a floating tensor."""
+    dtype = tree.tensor_dtypes.get(tensor_name)
+    if dtype is not None and dtype.is_floating_point:
+        bytes_by_dtype[dtype] = bytes_by_dtype.get(dtype, 0) + nbytes
+
+
+def _dominant_dtype(tree: ModuleTree, unit: ModuleNode, bytes_by_dtype: Mapping[Any, int]) -> str:
     """The dtype most of a layer's floating bytes are stored in, else ``_dtype_name``'s."""
-    bytes_by_dtype: dict[Any, int] = {}
-    for tensor_name in _unit_tensors(unit):
-        nbytes = tree.tensor_nbytes.get(tensor_name)
-        dtype = tree.tensor_dtypes.get(tensor_name)
-        if nbytes is not None and dtype is not None and dtype.is_floating_point:
-            bytes_by_dtype[dtype] = bytes_by_dtype.get(dtype, 0) + nbytes
     if bytes_by_dtype:
         return dtype_name(max(bytes_by_dtype, key=lambda d: bytes_by_dtype[d]))
     return _dtype_name(tree, unit.name)
+
+
+def _unit_dtype(tree: ModuleTree, unit: ModuleNode) -> str:
+    """``_dominant_dtype`` of a layer, walking its tensors (for ``attention_shapes_for``;
+    ``predict_speed`` counts them in the walk it already makes)."""
+    bytes_by_dtype: dict[Any, int] = {}
+    for tensor_name in _unit_tensors(unit):
+        nbytes = tree.tensor_nbytes.get(tensor_name)
+        if nbytes is not None:
+            _count_floating(tree, tensor_name, nbytes, bytes_by_dtype)
+    return _dominant_dtype(tree, unit, bytes_by_dtype)
 
 
 def _layout_of(opened_or_tree: OpenedModel | ModuleTree) -> AttentionLayout | None:

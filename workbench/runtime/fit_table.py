@@ -36,9 +36,8 @@ from workbench.big_modeling.planning.attention_kinds import AttentionKindWarning
 from workbench.big_modeling.planning.device_reserve import layer_devices_from_map
 from workbench.big_modeling.planning.sizes import format_nbytes
 from workbench.models.hardware import HardwareProfile, list_profiles
-from workbench.models.speed import predict_speed
 from workbench.runtime.formatting import format_rate, format_seconds
-from workbench.runtime.machine_attention import attention_inputs
+from workbench.runtime.machine_attention import predict_with_attention
 from workbench.runtime.model_kind import generates_tokens
 from workbench.runtime.planning import MemoryOptions, attention_layout, plan_opened_model
 
@@ -288,12 +287,8 @@ def _planned_cell(
         status = PARTIAL
     else:
         status = CPU_ONLY
-    prediction = predict_speed(
-        opened,
-        plan.device_map,
-        profile,
-        prompt_tokens=context,
-        **attention_inputs(opened, profile),
+    prediction = predict_with_attention(
+        opened, opened.tree, plan.device_map, profile, prompt_tokens=context
     )
     return FitCell(
         profile=profile.name,

@@ -37,6 +37,7 @@ from workbench.models.hardware import (
 )
 from workbench.models.speed import attention_shapes_for, layer_unit_names, predict_speed
 from workbench.runtime.chat import chat_prompt, stop_token_ids
+from workbench.runtime.memory_prediction import main_device
 from workbench.runtime.memory_readings import read_mapped_bytes
 from workbench.runtime.model_inputs import (
     SYNTHETIC_SEED,
@@ -388,7 +389,7 @@ def predict_figures(
         times: dict[str, AttentionTimes] = {}
         if hardware.name == DETECTED_NAME:  # measured once per machine, after the timed run
             hardware = with_host_probes(hardware, measure=False)
-            on_cpu = not any(isinstance(d, int) for d in loaded.device_map.values())
+            on_cpu = main_device(loaded.device_map) == "cpu"
             shapes = attention_shapes_for(sized, layout) if layout and on_cpu else []
             times = cached_attention_times(shapes, measure_if_missing=False)
             if not host_probes_applied(hardware) or len(times) < len(shapes):
