@@ -49,6 +49,9 @@ def _row(dialog: FitDialog, name: str) -> int:
 
 
 def test_the_table_lists_every_profile_by_the_models_contexts(fit_dialog: FitDialog) -> None:
+    from workbench.gui.window_hardware import UNMEASURED_HOST
+
+    assert UNMEASURED_HOST not in fit_dialog.status_label.text()  # no profile of this machine
     table, grid = fit_dialog.table, fit_dialog.grid
     # the tiny demo supports 512 positions: no 4k column, only its maximum
     assert table.contexts == (512,)
@@ -131,6 +134,11 @@ def test_this_machine_is_the_first_row_and_applies_like_the_others(
     dialog.wait_until_computed()
     assert dialog.table is not None, dialog.status_label.text()
     assert dialog.table.profiles[0] is here  # the window's own, with its measured figures
+    from workbench.gui.window_hardware import UNMEASURED_HOST
+    from workbench.models.hardware import host_probes_applied
+
+    # measured or not, the status says which: a fresh install predicts from typical costs
+    assert (UNMEASURED_HOST in dialog.status_label.text()) != host_probes_applied(here)
     assert dialog.grid.verticalHeaderItem(0).text() == "This machine"
     assert "tiny-box" in [p.name for p in dialog.table.profiles]  # and every saved profile
     assert dialog.apply_cell(0, 0)

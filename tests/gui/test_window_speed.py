@@ -31,3 +31,45 @@ def test_the_windows_prediction_counts_attention(
     assert layers and all(layer.attention_s > 0 for layer in layers)
     bare = predict_speed(opened.tree, dict(session.device_map), profile)
     assert all(layer.attention_s == 0 for layer in bare.per_layer)
+
+
+def test_a_prediction_for_this_machine_says_when_its_host_costs_are_typical(
+    main_window: Any,
+    open_in_window: Any,
+    whatif_config: Path,
+    test_profile: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh install predicts this machine from typical host costs until its first run
+    measures them: the label says so (it showed 73.9 tok/s for a model that ran at 24), and
+    stops saying so once the machine's figures are in."""
+    from dataclasses import replace
+
+    from workbench.gui.window_hardware import UNMEASURED_HOST
+    from workbench.models.dispatch_probe import DispatchOverhead
+    from workbench.models.hardware import DETECTED_NAME
+    from workbench.models.host_measurements import HostMeasurements
+    from workbench.models.matmul_probe import MatmulCurve
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))  # nothing measured here yet
+    open_in_window(main_window, whatif_config)
+    label = main_window.speed_label
+    main_window.update_speed_prediction(wait=True)
+    assert "Predicted for test-2x24g" in label.text()
+    assert UNMEASURED_HOST not in label.text()  # a what-if profile: nothing to measure
+
+    main_window.hardware.set_hardware_profile(replace(test_profile, name=DETECTED_NAME))
+    main_window.update_speed_prediction(wait=True)
+    assert "Predicted for this machine" in label.text()
+    assert UNMEASURED_HOST in label.text()
+
+    measured = HostMeasurements(
+        DispatchOverhead(21e-6, 0.4e-3, 2, 0.0),
+        MatmulCurve({"bfloat16": [[2**20, 2e-4], [2**22, 6e-4]]}, 2, 0.0),
+        None,
+    )
+    main_window.hardware.take_host_measurements(measured)
+    main_window.update_speed_prediction(wait=True)
+    assert "Predicted for this machine" in label.text()
+    assert UNMEASURED_HOST not in label.text()

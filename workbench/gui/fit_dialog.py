@@ -46,8 +46,9 @@ from workbench.gui.colors import (
     warning_color,
 )
 from workbench.gui.commands import SetBudgetsCommand, SetDeviceMapCommand, SetProfileCommand
+from workbench.gui.window_hardware import UNMEASURED_HOST
 from workbench.gui.workers import TaskThread
-from workbench.models.hardware import DETECTED_NAME, list_profiles
+from workbench.models.hardware import DETECTED_NAME, host_probes_applied, list_profiles
 from workbench.runtime.fit_table import (
     CPU_ONLY,
     FULL_GPU,
@@ -172,11 +173,15 @@ class FitDialog(QDialog):
             speed = "TTFT is the prefill of a prompt that fills the context"
         else:  # an encoder: its only run is one forward
             speed = "The model generates no tokens: its speed is one forward over the context"
+        typical = any(
+            p.name == DETECTED_NAME and not host_probes_applied(p) for p in table.profiles
+        )
+        host = f" This machine's speeds use {UNMEASURED_HOST}." if typical else ""
         self.status_label.setText(
             f"{table.model}: {plural(len(table.profiles), 'hardware profile')} x "
             f"{plural(len(table.contexts), 'context length')}, planned in {elapsed:.1f} s with "
-            f"the KV cache and activations of each context. {speed}. Double-click a cell to "
-            f"use that profile and plan.{warnings}"
+            f"the KV cache and activations of each context. {speed}.{host} Double-click a cell "
+            f"to use that profile and plan.{warnings}"
         )
         self._fill(table)
 
