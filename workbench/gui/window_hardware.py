@@ -26,7 +26,7 @@ from workbench.models.hardware import (
     with_host_measurements,
 )
 from workbench.runtime.formatting import format_forward, format_rate, format_ttft
-from workbench.runtime.machine_attention import predict_with_attention
+from workbench.runtime.machine_attention import predict_on_screen
 from workbench.runtime.model_kind import generates_tokens
 from workbench.runtime.precision_session import planned_tree
 from workbench.runtime.session import Session
@@ -37,6 +37,11 @@ UNMEASURED_HOST = (
 )
 """Said beside a prediction for this machine made before its host probes were measured (a
 fresh install: found showing 73.9 tok/s for a model that ran at 24)."""
+ATTENTION_ESTIMATED = (
+    "attention estimated from its FLOPs: this CPU has not run this model's attention shapes "
+    "yet (an inference run times them)"
+)
+"""Said beside a prediction for this machine whose CPU attention shapes are not timed yet."""
 
 
 class WindowHardware(QObject):
@@ -172,7 +177,7 @@ class WindowHardware(QObject):
         # each quantized Linear is read by its precision's kernel (the profile's kernel costs)
         precisions = dict(self.session.precision_map or {})
         thread = TaskThread(  # the model's attention (layout; this CPU's measured times)
-            partial(predict_with_attention, precisions=precisions),
+            partial(predict_on_screen, precisions=precisions),
             self.session.opened,
             tree,
             device_map,
@@ -216,7 +221,8 @@ class WindowHardware(QObject):
             self.hardware_selector.update_profile(updated)
             self.speed_timer.start()
 
-    def _on_speed_thread_succeeded(self, prediction: Any) -> None:
+    def _on_speed_thread_succeeded(self, result: tuple[Any, bool]) -> None:
+        prediction, attention_estimated = result
         self.speed_prediction = prediction
         problems = list(self._fit_problems())
         if problems:  # a speed for a map that cannot run here would read as a promise
@@ -229,6 +235,8 @@ class WindowHardware(QObject):
         how = f"{prediction.bottleneck}-bound, prefetch {'on' if prediction.prefetch else 'off'}"
         if name == DETECTED_NAME and not host_probes_applied(self.profile):
             how += f"; {UNMEASURED_HOST}"
+        elif name == DETECTED_NAME and attention_estimated:
+            how += f"; {ATTENTION_ESTIMATED}"
         if not generates_tokens(self.session.opened):  # its inference test is one forward
             self.speed_label.setText(
                 f"<b>Predicted for {where}:</b> "

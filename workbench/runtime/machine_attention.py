@@ -20,12 +20,13 @@ from workbench.models.attention_probe import cached_attention_times
 from workbench.models.hardware import HardwareProfile
 from workbench.models.speed import SpeedPrediction, attention_shapes_for, predict_speed
 from workbench.models.tree import ModuleTree
+from workbench.runtime.memory_prediction import main_device
 from workbench.runtime.planning import attention_layout_or_none
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
 
-__all__ = ["attention_inputs", "predict_with_attention"]
+__all__ = ["attention_estimated", "attention_inputs", "predict_on_screen", "predict_with_attention"]
 
 
 def attention_inputs(
@@ -55,3 +56,38 @@ def predict_with_attention(
     return predict_speed(
         tree, device_map, profile, **options, **attention_inputs(opened, profile, tree)
     )
+
+
+def attention_estimated(
+    opened: OpenedModel | None,
+    tree: ModuleTree,
+    device_map: Mapping[str, int | str],
+    profile: HardwareProfile,
+) -> bool:
+    """Whether a prediction for ``profile`` counts attention this CPU has not timed: the
+    profile is this machine's (its matmul curve measured here), ``device_map`` runs on the CPU,
+    and some of the model's attention shapes have no cached times (``attention_probe``: an
+    inference run measures them; until then the speed model counts their FLOPs and bytes,
+    which predicted a 60M float16 Llama at 114 tok/s where it was 81.5 with its attention
+    timed). Nothing is measured."""
+    if opened is None or profile.cpu_matmul_curve is None or main_device(device_map) != "cpu":
+        return False
+    layout = attention_layout_or_none(opened)
+    if layout is None:
+        return False
+    shapes = attention_shapes_for(tree, layout)
+    found = cached_attention_times(shapes, measure_if_missing=False)
+    return len(found) < len({shape.key for shape in shapes})
+
+
+def predict_on_screen(
+    opened: OpenedModel | None,
+    tree: ModuleTree,
+    device_map: Mapping[str, int | str],
+    profile: HardwareProfile,
+    **options: Any,
+) -> tuple[SpeedPrediction, bool]:
+    """``predict_with_attention``'s prediction and ``attention_estimated``: what the window's
+    Predicted line shows, and whether it says that attention is estimated."""
+    prediction = predict_with_attention(opened, tree, device_map, profile, **options)
+    return prediction, attention_estimated(opened, tree, device_map, profile)
