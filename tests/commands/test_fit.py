@@ -61,3 +61,17 @@ def test_fit_prefill_chunks_change_the_cells_and_the_title(cli) -> None:
     assert "CPU only" in whole.splitlines()[2] and "partial:" in chunked.splitlines()[2]
     code, _, err = cli(*args, "--prefill-tokens", "0")
     assert code == 2 and "--prefill-tokens must be at least 1, got 0" in err
+
+
+def test_fit_text_lists_a_cells_notes_under_it() -> None:
+    from workbench.commands.fit import fit_lines
+    from workbench.models.hardware import load_profile
+    from workbench.runtime.fit_table import CPU_ONLY, FitCell, FitTable
+
+    laptop = load_profile("cpu-laptop-16gb")
+    cell = FitCell(
+        "cpu-laptop-16gb", 4096, CPU_ONLY, tokens_per_s=20.0, ttft_s=1.5, notes=("a note",)
+    )
+    lines = fit_lines(FitTable("demo", (4096,), (laptop,), (cell,)))
+    assert lines[-2].split()[:3] == ["4k", "CPU", "only"]
+    assert lines[-1] == "            note: a note"

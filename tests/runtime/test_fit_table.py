@@ -223,3 +223,37 @@ def test_this_machine_is_fitted_with_its_measured_attention(demo_dir: Path) -> N
     assert what_if.tokens_per_s == pytest.approx(
         predict_speed(opened, what_if.device_map, laptop, prompt_tokens=512).tokens_per_s
     )
+
+
+def test_this_machines_cells_say_when_their_attention_is_estimated(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU cell of this machine before its CPU has timed the model's attention counts that
+    attention's FLOPs, and says so in its notes; a GPU cell, or one timed, does not."""
+    from dataclasses import replace
+
+    from workbench.models import attention_probe
+    from workbench.models.attention_probe import AttentionTimes
+    from workbench.models.hardware import DETECTED_NAME
+    from workbench.models.matmul_probe import MatmulCurve
+    from workbench.models.speed import attention_shapes_for
+    from workbench.runtime.machine_attention import ATTENTION_ESTIMATED
+    from workbench.runtime.planning import attention_layout
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))  # nothing timed yet
+    opened = open_model(str(demo_dir))
+    curve = MatmulCurve({"float32": [[2**20, 2e-4], [2**22, 6e-4]]}, 2, 0.0)
+    here = replace(load_profile("cpu-laptop-16gb"), name=DETECTED_NAME, cpu_matmul_curve=curve)
+    estimated = f"this machine's {ATTENTION_ESTIMATED}"
+    cell = fit_cell(opened, here, 512)
+    assert cell.status == CPU_ONLY and estimated in cell.notes
+    gpu = replace(load_profile("h200-141gb"), name=DETECTED_NAME, cpu_matmul_curve=curve)
+    on_gpu = fit_cell(opened, gpu, 512)
+    assert on_gpu.status == FULL_GPU and estimated not in on_gpu.notes
+
+    timed = AttentionTimes([[512, 1e-4], [4096, 1e-3]], [[256, 1e-3], [2048, 5e-2]], 0.0)
+    monkeypatch.setattr(attention_probe, "measure_attention_times_apart", lambda shape: timed)
+    attention_probe.cached_attention_times(
+        attention_shapes_for(opened.tree, attention_layout(opened))
+    )  # as an inference run caches them
+    assert estimated not in fit_cell(opened, here, 512).notes

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def fit_lines(table: Any) -> list[str]:
-    """The table as text: a title, then per profile its budgets and one line per context."""
+    """The table as text: a title, then per profile its budgets and one line per context,
+    followed by that cell's notes (the planner's warnings, an estimated attention)."""
     from workbench.runtime.fit_table import context_label  # noqa: PLC0415 (torch: not at CLI start)
 
     contexts = " ".join(context_label(c) for c in table.contexts)
@@ -103,4 +104,5 @@ def fit_lines(table: Any) -> list[str]:
             lines.append(f"    {context_label(context):>6}  {cell.label():<44} {detail}")
             if cell.fits and cell.problem:
                 lines.append(f"            ({cell.problem})")
+            lines.extend(f"            note: {note}" for note in cell.notes)
     return lines

@@ -26,7 +26,7 @@ from workbench.models.hardware import (
     with_host_measurements,
 )
 from workbench.runtime.formatting import format_forward, format_rate, format_ttft
-from workbench.runtime.machine_attention import predict_on_screen
+from workbench.runtime.machine_attention import ATTENTION_ESTIMATED, predict_on_screen
 from workbench.runtime.model_kind import generates_tokens
 from workbench.runtime.precision_session import planned_tree
 from workbench.runtime.session import Session
@@ -37,11 +37,6 @@ UNMEASURED_HOST = (
 )
 """Said beside a prediction for this machine made before its host probes were measured (a
 fresh install: found showing 73.9 tok/s for a model that ran at 24)."""
-ATTENTION_ESTIMATED = (
-    "attention estimated from its FLOPs: this CPU has not run this model's attention shapes "
-    "yet (an inference run times them)"
-)
-"""Said beside a prediction for this machine whose CPU attention shapes are not timed yet."""
 
 
 class WindowHardware(QObject):

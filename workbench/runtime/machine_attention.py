@@ -26,7 +26,19 @@ from workbench.runtime.planning import attention_layout_or_none
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
 
-__all__ = ["attention_estimated", "attention_inputs", "predict_on_screen", "predict_with_attention"]
+__all__ = [
+    "ATTENTION_ESTIMATED",
+    "attention_estimated",
+    "attention_inputs",
+    "predict_on_screen",
+    "predict_with_attention",
+]
+
+ATTENTION_ESTIMATED = (
+    "attention estimated from its FLOPs: this CPU has not run this model's attention shapes "
+    "yet (an inference run times them)"
+)
+"""Said beside a prediction for this machine whose CPU attention shapes are not timed yet."""
 
 
 def attention_inputs(
