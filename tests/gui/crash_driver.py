@@ -6,6 +6,8 @@ acts as the user once the window is up, and reports on stdout, one JSON line per
 - ``edit``: once a model is open, move ``model.layers.0`` to disk through the undo stack (as
   a drop does), force the autosave, print ``{"step": "edited", ...}`` and keep running, so
   the test can ``kill -9`` it with the work only in the autosave.
+- ``idle``: once a model is open, print ``{"step": "idle", ...}`` and keep running (nothing
+  unsaved), for the tests that end the app with a signal.
 - ``inspect``: once the window is up (and its model open, for a launch that opens one), force
   an autosave as the debounce timer would, print what the restore offer and the autosave file
   look like, click Restore, and once the restored model is shown print its title, dirty flag
@@ -47,7 +49,10 @@ def main() -> int:
         w = window()
         if w is None or opening(w):
             return
-        if mode == "edit" and state["step"] == "start" and w.session.tree is not None:
+        if mode == "idle" and state["step"] == "start" and w.session.tree is not None:
+            state["step"] = "idle"
+            report(step="idle", dirty=w.session.dirty)
+        elif mode == "edit" and state["step"] == "start" and w.session.tree is not None:
             push_move(w.undo_stack, w.session, ["model.layers.0"], "disk")
             w.autosave_now()
             state["step"] = "edited"

@@ -195,3 +195,59 @@ def test_kill_9_then_relaunch_offers_and_keeps_the_autosave(tmp_path, demo_cache
     assert restored["device_map"]["model.layers.0"] == "disk"
     assert restored["dirty"] and " * " in restored["title"], restored
     assert steps["asked"]["text"].startswith("Save changes to the session for demo-llama-2m")
+
+
+def _run_until(mode: str, env: dict[str, str], cwd: Path, errors: Any) -> tuple[Any, dict]:
+    """Start the driver in ``mode`` on the demo and read until its first step is reported."""
+    process = subprocess.Popen(
+        [sys.executable, str(DRIVER), mode, "--demo"],
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    for line in process.stdout:
+        if line.startswith("{"):
+            return process, json.loads(line)
+    return process, {}
+
+
+@pytest.mark.slow  # real app processes, each opening the 2M demo
+@pytest.mark.parametrize("unsaved", [True, False], ids=["unsaved work", "nothing unsaved"])
+def test_sigterm_closes_the_window_without_asking(tmp_path, demo_cache, unsaved) -> None:
+    """SIGTERM (a logout, ``kill``) closes the app as Quit does, without a question no one
+    can answer: unsaved work stays in the autosave and the next start offers it; with nothing
+    unsaved the exit is clean and nothing is offered. Before, SIGTERM ended the process at
+    once and every next start said the last session "did not end cleanly"."""
+    env = _app_env(tmp_path, demo_cache)
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as errors:
+        process, step = _run_until("edit" if unsaved else "idle", env, tmp_path, errors)
+        try:
+            assert step.get("step") in ("edited", "idle"), stderr.read_text()[-4000:]
+            os.kill(process.pid, signal.SIGTERM)
+            assert process.wait(timeout=120) == 0, stderr.read_text()[-4000:]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.stdout.close()
+    assert "SIGTERM received: closing the window" in stderr.read_text()
+    autosaves = list((tmp_path / "data").rglob(app_settings.AUTOSAVE_NAME))
+    if not unsaved:
+        assert autosaves == []
+        return
+    (autosave,) = autosaves
+    assert json.loads(autosave.read_text(encoding="utf-8"))["device_map"] == step["device_map"]
+    relaunch = subprocess.run(
+        [sys.executable, str(DRIVER), "inspect"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    steps = _steps(relaunch.stdout)
+    assert relaunch.returncode == 0, relaunch.stdout + relaunch.stderr[-4000:]
+    assert steps["launched"]["offered"] and steps["restored"]["device_map"] == step["device_map"]

@@ -158,6 +158,9 @@ def test_run_app_shows_the_main_window_and_returns_the_exit_code(qapp, clean_set
                 widget.close()
         qapp.exit(0)
 
+    import signal
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     QTimer.singleShot(300, close_windows)
     try:
         assert run_app() == 0
@@ -168,6 +171,9 @@ def test_run_app_shows_the_main_window_and_returns_the_exit_code(qapp, clean_set
         # waitSignal/waitUntil event loop at once (a TimeoutError in an unrelated test).
         QCoreApplication.removePostedEvents(qapp, QEvent.Type.Quit)
     assert seen == ["Model Memory Workbench"]
+    # the app watched SIGTERM and Ctrl+C while it ran (termination), and gave them back
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert signal.set_wakeup_fd(-1) == -1
 
 
 @pytest.mark.slow  # opens a model with transformers on a worker thread

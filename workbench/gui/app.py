@@ -14,6 +14,7 @@ from workbench.gui import settings as app_settings
 from workbench.gui.demo_startup import start_demo
 from workbench.gui.main_window import MainWindow
 from workbench.gui.settings import ORGANIZATION
+from workbench.gui.termination import TerminationWatch
 from workbench.models.warmup import start_warm_up, wait_for_warm_up
 from workbench.platform_integration import set_windows_app_user_model_id
 from workbench.resources import resources_root
@@ -58,6 +59,7 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
         workbench_logger.setLevel(logging.INFO)  # the Log tab shows progress lines
     window = MainWindow()
     window.show()
+    watch = TerminationWatch(window, window.documents.terminate)  # SIGTERM, Ctrl+C
     pending = app_settings.pending_autosave()
     if pending is not None:  # before anything opens, so nothing autosaves over it
         window.offer_restore(pending)
@@ -68,6 +70,7 @@ def run_app(open_source: str | None = None, demo: bool = False) -> int:
     if not demo and not open_source:
         start_warm_up()  # transformers imports while the user picks a model
     code = app.exec()
+    watch.remove()  # the process's own handlers again (a test runs the app in its process)
     # A quit within seconds of the start must not leave the warm-up importing while the
     # interpreter shuts down (a daemon thread inside an import can crash the exit).
     wait_for_warm_up()

@@ -775,7 +775,8 @@ class MainWindow(QMainWindow):
                 thread.wait()
         documents.autosave_timer.stop()
         self.hardware.speed_timer.stop()
-        if documents.autosave_enabled and not documents.restore_offer_pending():
+        keep = documents.restore_offer_pending() or documents.keep_autosave
+        if documents.autosave_enabled and not keep:
             app_settings.discard_autosave()  # unanswered, a crashed run's autosave stays
         self._unsubscribe()
         self.log_view.detach()

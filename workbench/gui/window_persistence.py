@@ -56,6 +56,8 @@ class SessionDocuments(QObject):
         pending_map: the map a restored session opens its model with.
         pending_restore: a restored session waiting for its model to open.
         pending_import: a map file waiting for its model to open.
+        keep_autosave: the window closes with unsaved work (``terminate``): its autosave stays
+            for the next start to offer.
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class SessionDocuments(QObject):
         self.pending_restore: tuple[Session, bool] | None = None
         self.pending_import: Path | None = None
         self.close_without_asking = False
+        self.keep_autosave = False
         self.autosave_timer = QTimer(self)
         self.autosave_timer.setSingleShot(True)
         self.autosave_timer.setInterval(1000)
@@ -188,6 +191,18 @@ class SessionDocuments(QObject):
         return pending
 
     def _close_after_answer(self) -> None:
+        self.close_without_asking = True
+        self.host.close()
+
+    def terminate(self) -> None:
+        """Close the window because the system asked (SIGTERM, SIGINT: ``termination``):
+        without asking about unsaved changes, which go to the autosave and stay there for the
+        next start to offer (``keep_autosave``); with nothing unsaved the exit is clean."""
+        if self.has_unsaved_changes():
+            self.autosave_now()
+            self.keep_autosave = True
+        if self.save_prompt is not None:  # a Save changes? box waiting: no one will answer it
+            self.save_prompt.close()
         self.close_without_asking = True
         self.host.close()
 
