@@ -136,6 +136,23 @@ def _steps(output: str) -> dict[str, dict[str, Any]]:
     return {step["step"]: step for step in steps}
 
 
+def _run_until(mode: str, env: dict[str, str], cwd: Path, errors: Any) -> tuple[Any, dict]:
+    """Start the driver in ``mode`` on the demo and read until its first step is reported."""
+    process = subprocess.Popen(
+        [sys.executable, str(DRIVER), mode, "--demo"],
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,  # its worker process too goes with a killpg of the group
+    )
+    for line in process.stdout:
+        if line.startswith("{"):
+            return process, json.loads(line)
+    return process, {}
+
+
 @pytest.fixture(scope="module")
 def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("demo-cache")
@@ -146,22 +163,9 @@ def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_kill_9_then_relaunch_offers_and_keeps_the_autosave(tmp_path, demo_cache, launch) -> None:
     env = _app_env(tmp_path, demo_cache)
     errors = (tmp_path / "crashed-stderr.txt").open("w")
-    crashed = subprocess.Popen(
-        [sys.executable, str(DRIVER), "edit", "--demo"],
-        stdout=subprocess.PIPE,
-        stderr=errors,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,  # its worker process too goes with the group below
-    )
+    crashed, edited = _run_until("edit", env, tmp_path, errors)  # its autosave written
     try:
-        edited = None
-        for line in crashed.stdout:  # blocks until the app reports its edit is autosaved
-            if line.startswith("{") and json.loads(line)["step"] == "edited":
-                edited = json.loads(line)
-                break
-        assert edited is not None, (tmp_path / "crashed-stderr.txt").read_text()[-4000:]
+        assert edited.get("step") == "edited", (tmp_path / "crashed-stderr.txt").read_text()[-4000:]
         os.kill(crashed.pid, signal.SIGKILL)  # the app dies with the work only in the autosave
         assert crashed.wait(timeout=60) == -signal.SIGKILL
     finally:
@@ -195,23 +199,6 @@ def test_kill_9_then_relaunch_offers_and_keeps_the_autosave(tmp_path, demo_cache
     assert restored["device_map"]["model.layers.0"] == "disk"
     assert restored["dirty"] and " * " in restored["title"], restored
     assert steps["asked"]["text"].startswith("Save changes to the session for demo-llama-2m")
-
-
-def _run_until(mode: str, env: dict[str, str], cwd: Path, errors: Any) -> tuple[Any, dict]:
-    """Start the driver in ``mode`` on the demo and read until its first step is reported."""
-    process = subprocess.Popen(
-        [sys.executable, str(DRIVER), mode, "--demo"],
-        stdout=subprocess.PIPE,
-        stderr=errors,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    )
-    for line in process.stdout:
-        if line.startswith("{"):
-            return process, json.loads(line)
-    return process, {}
 
 
 @pytest.mark.slow  # real app processes, each opening the 2M demo
