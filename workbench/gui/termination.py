@@ -82,8 +82,11 @@ class TerminationWatch:
             received = self._sockets[0].recv(64)
         except BlockingIOError:
             return
-        names = ", ".join(signal.Signals(code).name for code in received if code)
-        logger.info("%s received: closing the window", names or "a signal")
+        # every signal with a Python handler writes its number here: act on ours only
+        ours = [signal.Signals(code).name for code in received if code in TERMINATING_SIGNALS]
+        if not ours:
+            return
+        logger.info("%s received: closing the window", ", ".join(dict.fromkeys(ours)))
         self._on_terminate()
 
     def remove(self) -> None:
