@@ -153,6 +153,21 @@ def _run_until(mode: str, env: dict[str, str], cwd: Path, errors: Any) -> tuple[
     return process, {}
 
 
+def _relaunch_and_inspect(env: dict[str, str], cwd: Path, *args: str) -> dict[str, dict]:
+    """Launch the driver's ``inspect`` (the restore offer, Restore, then Quit); its steps,
+    once it exited 0."""
+    relaunch = subprocess.run(
+        [sys.executable, str(DRIVER), "inspect", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
+    assert relaunch.returncode == 0, relaunch.stdout + relaunch.stderr[-4000:]
+    return _steps(relaunch.stdout)
+
+
 @pytest.fixture(scope="module")
 def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("demo-cache")
@@ -182,16 +197,7 @@ def test_kill_9_then_relaunch_offers_and_keeps_the_autosave(tmp_path, demo_cache
         "workbench --demo": ["--demo"],
         "workbench PATH": [str(demo_cache / "demo-llama-2m")],
     }[launch]
-    relaunch = subprocess.run(
-        [sys.executable, str(DRIVER), "inspect", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=600,
-    )
-    steps = _steps(relaunch.stdout)
-    assert relaunch.returncode == 0, relaunch.stdout + relaunch.stderr[-4000:]
+    steps = _relaunch_and_inspect(env, tmp_path, *args)
     assert steps["launched"]["offered"], steps
     assert steps["launched"]["autosave_kept"], "the launch overwrote the crashed run's autosave"
     restored = steps["restored"]
@@ -227,14 +233,5 @@ def test_sigterm_closes_the_window_without_asking(tmp_path, demo_cache, unsaved)
         return
     (autosave,) = autosaves
     assert json.loads(autosave.read_text(encoding="utf-8"))["device_map"] == step["device_map"]
-    relaunch = subprocess.run(
-        [sys.executable, str(DRIVER), "inspect"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=600,
-    )
-    steps = _steps(relaunch.stdout)
-    assert relaunch.returncode == 0, relaunch.stdout + relaunch.stderr[-4000:]
+    steps = _relaunch_and_inspect(env, tmp_path)
     assert steps["launched"]["offered"] and steps["restored"]["device_map"] == step["device_map"]

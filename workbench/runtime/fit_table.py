@@ -37,11 +37,7 @@ from workbench.big_modeling.planning.device_reserve import layer_devices_from_ma
 from workbench.big_modeling.planning.sizes import format_nbytes
 from workbench.models.hardware import HardwareProfile, list_profiles
 from workbench.runtime.formatting import format_rate, format_seconds
-from workbench.runtime.machine_attention import (
-    ATTENTION_ESTIMATED,
-    attention_estimated,
-    predict_with_attention,
-)
+from workbench.runtime.machine_attention import ATTENTION_ESTIMATED, predict_on_screen
 from workbench.runtime.model_kind import generates_tokens
 from workbench.runtime.planning import MemoryOptions, attention_layout, plan_opened_model
 
@@ -81,7 +77,7 @@ class FitCell:
         why: the memory model's reason per device ("layers 0-79 on cuda:0 need 40 GiB ...").
         problem: why it does not fit, or why the GPUs are unused; ``""`` otherwise.
         notes: the planner's warnings for this plan (buffers left on the execution device),
-            and whether this machine's CPU attention is estimated (``attention_estimated``).
+            and whether this machine's CPU attention is estimated (``machine_attention.predict_on_screen``).
     """
 
     profile: str
@@ -292,10 +288,10 @@ def _planned_cell(
         status = PARTIAL
     else:
         status = CPU_ONLY
-    prediction = predict_with_attention(
+    prediction, estimated = predict_on_screen(
         opened, opened.tree, plan.device_map, profile, prompt_tokens=context
     )
-    if attention_estimated(opened, opened.tree, plan.device_map, profile):
+    if estimated:
         notes = (*notes, f"this machine's {ATTENTION_ESTIMATED}")
     return FitCell(
         profile=profile.name,

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTENTION_ESTIMATED",
-    "attention_estimated",
     "attention_inputs",
     "predict_on_screen",
     "predict_with_attention",
@@ -41,18 +40,27 @@ ATTENTION_ESTIMATED = (
 """Said beside a prediction for this machine whose CPU attention shapes are not timed yet."""
 
 
+def _attention_lookup(
+    opened: OpenedModel | None, profile: HardwareProfile, tree: ModuleTree | None
+) -> tuple[Any, int, dict[str, Any]]:
+    """``opened``'s attention layout (``None`` without a readable config), and when
+    ``profile`` is this machine (its matmul curve measured here) the number of distinct
+    attention shapes in ``tree``'s dtypes (default ``opened.tree``) and the cached times of
+    those this CPU has timed. One read of the cache; nothing is measured."""
+    layout = attention_layout_or_none(opened) if opened is not None else None
+    if layout is None or profile.cpu_matmul_curve is None:
+        return layout, 0, {}
+    shapes = attention_shapes_for(tree if tree is not None else opened.tree, layout)
+    times = cached_attention_times(shapes, measure_if_missing=False)
+    return layout, len({shape.key for shape in shapes}), times
+
+
 def attention_inputs(
     opened: OpenedModel | None, profile: HardwareProfile, tree: ModuleTree | None = None
 ) -> dict[str, Any]:
-    """``predict_speed``'s ``attention`` and ``attention_times`` for ``opened`` on ``profile``:
-    the layout (``None`` without a readable config), and the cached times of its shapes in
-    ``tree``'s dtypes (default ``opened.tree``) when ``profile`` is this machine (its matmul
-    curve measured here). Nothing is measured."""
-    layout = attention_layout_or_none(opened) if opened is not None else None
-    times = {}
-    if layout is not None and profile.cpu_matmul_curve is not None:
-        shapes = attention_shapes_for(tree if tree is not None else opened.tree, layout)
-        times = cached_attention_times(shapes, measure_if_missing=False)
+    """``predict_speed``'s ``attention`` and ``attention_times`` for ``opened`` on ``profile``
+    (``_attention_lookup``): the layout, and the cached times of its shapes on this machine."""
+    layout, _, times = _attention_lookup(opened, profile, tree)
     return {"attention": layout, "attention_times": times}
 
 
@@ -65,31 +73,7 @@ def predict_with_attention(
 ) -> SpeedPrediction:
     """``predict_speed(tree, device_map, profile, **options)`` with ``opened``'s attention
     (``attention_inputs``): what the window predicts for the map on screen."""
-    return predict_speed(
-        tree, device_map, profile, **options, **attention_inputs(opened, profile, tree)
-    )
-
-
-def attention_estimated(
-    opened: OpenedModel | None,
-    tree: ModuleTree,
-    device_map: Mapping[str, int | str],
-    profile: HardwareProfile,
-) -> bool:
-    """Whether a prediction for ``profile`` counts attention this CPU has not timed: the
-    profile is this machine's (its matmul curve measured here), ``device_map`` runs on the CPU,
-    and some of the model's attention shapes have no cached times (``attention_probe``: an
-    inference run measures them; until then the speed model counts their FLOPs and bytes,
-    which predicted a 60M float16 Llama at 114 tok/s where it was 81.5 with its attention
-    timed). Nothing is measured."""
-    if opened is None or profile.cpu_matmul_curve is None or main_device(device_map) != "cpu":
-        return False
-    layout = attention_layout_or_none(opened)
-    if layout is None:
-        return False
-    shapes = attention_shapes_for(tree, layout)
-    found = cached_attention_times(shapes, measure_if_missing=False)
-    return len(found) < len({shape.key for shape in shapes})
+    return predict_on_screen(opened, tree, device_map, profile, **options)[0]
 
 
 def predict_on_screen(
@@ -99,7 +83,15 @@ def predict_on_screen(
     profile: HardwareProfile,
     **options: Any,
 ) -> tuple[SpeedPrediction, bool]:
-    """``predict_with_attention``'s prediction and ``attention_estimated``: what the window's
-    Predicted line shows, and whether it says that attention is estimated."""
-    prediction = predict_with_attention(opened, tree, device_map, profile, **options)
-    return prediction, attention_estimated(opened, tree, device_map, profile)
+    """``predict_with_attention``'s prediction, and whether it counts attention this CPU has
+    not timed: the profile is this machine's, ``device_map`` runs on the CPU, and some of the
+    model's attention shapes have no cached times (``attention_probe``: an inference run
+    measures them; until then the speed model counts their FLOPs and bytes, which predicted a
+    60M float16 Llama at 114 tok/s where it was 81.5 with its attention timed). What the
+    window's Predicted line and the fit table's cells show, and whether they say
+    ``ATTENTION_ESTIMATED``."""
+    layout, shapes, times = _attention_lookup(opened, profile, tree)
+    prediction = predict_speed(
+        tree, device_map, profile, **options, attention=layout, attention_times=times
+    )
+    return prediction, main_device(device_map) == "cpu" and len(times) < shapes
