@@ -140,6 +140,7 @@ def test_this_machine_is_the_first_row_and_applies_like_the_others(
     # measured or not, the status says which: a fresh install predicts from typical costs
     assert (UNMEASURED_HOST in dialog.status_label.text()) != host_probes_applied(here)
     assert dialog.grid.verticalHeaderItem(0).text() == "This machine"
+    assert dialog.grid.item(0, 0).toolTip().startswith("This machine at 512 context: ")
     assert "tiny-box" in [p.name for p in dialog.table.profiles]  # and every saved profile
     assert dialog.apply_cell(0, 0)
     assert main_window.session.profile.name == DETECTED_NAME

@@ -78,7 +78,8 @@ def status_color(status: str) -> QColor:
 
 def cell_tooltip(cell: FitCell) -> str:
     """What a cell's tooltip says: the status, speed, reserves per device, problems."""
-    lines = [f"{cell.profile} at {context_label(cell.context)} context: {cell.label()}"]
+    where = profile_label(cell.profile, capital=True)  # "This machine", not "detected"
+    lines = [f"{where} at {context_label(cell.context)} context: {cell.label()}"]
     if cell.speed_text():
         if cell.generates:
             why = f"TTFT for {with_article(f'{cell.context}-token prompt')}"
