@@ -25,7 +25,7 @@ from typing import Any
 def main() -> int:
     mode, *argv = sys.argv[1:]
     from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication, QMessageBox, QPushButton
+    from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QPushButton
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     from workbench.gui import settings as app_settings
@@ -67,6 +67,9 @@ def main() -> int:
             report(
                 step="launched",
                 offered=bar is not None and not bar.isHidden(),
+                question=" ".join(label.text() for label in bar.findChildren(QLabel))
+                if bar is not None
+                else "",
                 autosave_kept=before == after,
                 source=w.session.source,
             )

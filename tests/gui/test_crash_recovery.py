@@ -199,6 +199,7 @@ def test_kill_9_then_relaunch_offers_and_keeps_the_autosave(tmp_path, demo_cache
     }[launch]
     steps = _relaunch_and_inspect(env, tmp_path, *args)
     assert steps["launched"]["offered"], steps
+    assert steps["launched"]["question"].startswith("The last session did not end cleanly.")
     assert steps["launched"]["autosave_kept"], "the launch overwrote the crashed run's autosave"
     restored = steps["restored"]
     assert restored["device_map"] == edited["device_map"]
@@ -235,3 +236,7 @@ def test_sigterm_closes_the_window_without_asking(tmp_path, demo_cache, unsaved)
     assert json.loads(autosave.read_text(encoding="utf-8"))["device_map"] == step["device_map"]
     steps = _relaunch_and_inspect(env, tmp_path)
     assert steps["launched"]["offered"] and steps["restored"]["device_map"] == step["device_map"]
+    # the offer says what happened: no crash, a signal with work unsaved
+    assert steps["launched"]["question"].startswith(
+        "The last session was closed by SIGTERM with unsaved changes. Restore its session for"
+    ), steps["launched"]

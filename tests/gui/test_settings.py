@@ -76,6 +76,20 @@ def test_autosave_is_written_and_offered_after_an_unclean_exit(
     assert not path.exists()
 
 
+def test_the_autosave_remembers_a_signal_until_the_next_autosave_or_discard(
+    qapp, clean_settings
+) -> None:
+    app_settings.write_autosave({"source": "tiny-lm"})
+    assert app_settings.autosave_closed_by() is None  # a crash from here on
+    app_settings.set_autosave_closed_by("SIGTERM")
+    assert app_settings.autosave_closed_by() == "SIGTERM"
+    app_settings.write_autosave({"source": "tiny-lm"})  # a later run's work: not its signal
+    assert app_settings.autosave_closed_by() is None
+    app_settings.set_autosave_closed_by("SIGINT")
+    app_settings.discard_autosave()
+    assert app_settings.autosave_closed_by() is None and app_settings.pending_autosave() is None
+
+
 @pytest.mark.slow  # opens a model with transformers on a worker thread
 def test_restore_bar_reopens_the_model_with_its_map(qtbot, main_window, whatif_config) -> None:
     window = main_window

@@ -23,7 +23,7 @@ def test_sigterm_and_sigint_reach_the_gui_thread_and_other_signals_do_not(qtbot:
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: others.append(signum))
     calls: list[str] = []
-    watch = TerminationWatch(widget, lambda: calls.append("terminate"))
+    watch = TerminationWatch(widget, calls.append)
     try:
         assert watch.active
         signal.raise_signal(signal.SIGUSR1)  # its number reaches the socket too
@@ -32,9 +32,9 @@ def test_sigterm_and_sigint_reach_the_gui_thread_and_other_signals_do_not(qtbot:
         qtbot.waitUntil(lambda: not select.select([reader], [], [], 0)[0])
         assert calls == []
         signal.raise_signal(signal.SIGTERM)
-        qtbot.waitUntil(lambda: calls == ["terminate"])
+        qtbot.waitUntil(lambda: calls == ["SIGTERM"])
         signal.raise_signal(signal.SIGINT)  # Ctrl+C: no KeyboardInterrupt, a close
-        qtbot.waitUntil(lambda: calls == ["terminate", "terminate"])
+        qtbot.waitUntil(lambda: calls == ["SIGTERM", "SIGINT"])
     finally:
         watch.remove()
         signal.signal(signal.SIGUSR1, previous_usr1)

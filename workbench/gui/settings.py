@@ -126,12 +126,29 @@ def autosave_path() -> Path:
 
 
 def write_autosave(session_data: Mapping[str, Any]) -> Path:
-    """Write the session's JSON data to the autosave file atomically and mark the run dirty."""
+    """Write the session's JSON data to the autosave file atomically and mark the run dirty
+    (no ``autosave_closed_by`` yet: until the run says otherwise, it is one that crashes)."""
     path = autosave_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(session_data, indent=1, sort_keys=True) + "\n")
     set_clean_exit(False)
+    app_settings().remove("session/closed_by")
     return path
+
+
+def set_autosave_closed_by(signal_name: str) -> None:
+    """Record that the run whose work the autosave holds was closed by ``signal_name``
+    (``"SIGTERM"``: a logout, a shutdown, ``kill``), not a crash (read at the next start)."""
+    settings = app_settings()
+    settings.setValue("session/closed_by", signal_name)
+    settings.sync()
+
+
+def autosave_closed_by() -> str | None:
+    """The signal that closed the run whose work the autosave holds (``None``: that run
+    crashed or was killed without a chance to say)."""
+    value = app_settings().value("session/closed_by", None)
+    return str(value) if value else None
 
 
 def set_clean_exit(clean: bool) -> None:
@@ -154,4 +171,5 @@ def pending_autosave() -> Path | None:
 def discard_autosave() -> None:
     """Remove the autosave file and mark the run clean (after a clean exit or a discard)."""
     autosave_path().unlink(missing_ok=True)
+    app_settings().remove("session/closed_by")
     set_clean_exit(True)

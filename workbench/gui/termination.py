@@ -38,19 +38,20 @@ def _note_signal(signum: int, _frame: object) -> None:
 
 
 class TerminationWatch:
-    """Calls ``on_terminate()`` on the GUI thread when SIGTERM or SIGINT arrives, until
-    ``remove()`` puts the process's earlier handlers back.
+    """Calls ``on_terminate(name)`` on the GUI thread when SIGTERM or SIGINT arrives
+    (``name``: ``"SIGTERM"`` or ``"SIGINT"``), until ``remove()`` puts the process's earlier
+    handlers back.
 
     Args:
         parent: owns the notifier (the window).
-        on_terminate: what the signal does (close the window without asking).
+        on_terminate: what the signal does (close the window without asking), given its name.
 
     Attributes:
         active: whether the signals are watched (not from a thread other than the main one,
             nor on a platform without ``set_wakeup_fd`` for sockets).
     """
 
-    def __init__(self, parent: QObject, on_terminate: Callable[[], None]) -> None:
+    def __init__(self, parent: QObject, on_terminate: Callable[[str], None]) -> None:
         self._on_terminate = on_terminate
         self._previous: dict[int, Any] = {}
         self._previous_fd: int | None = None
@@ -87,7 +88,7 @@ class TerminationWatch:
         if not ours:
             return
         logger.info("%s received: closing the window", ", ".join(dict.fromkeys(ours)))
-        self._on_terminate()
+        self._on_terminate(ours[0])
 
     def remove(self) -> None:
         """Restore the handlers and the wake-up descriptor as they were; close the sockets."""

@@ -194,12 +194,14 @@ class SessionDocuments(QObject):
         self.close_without_asking = True
         self.host.close()
 
-    def terminate(self) -> None:
+    def terminate(self, signal_name: str = "SIGTERM") -> None:
         """Close the window because the system asked (SIGTERM, SIGINT: ``termination``):
         without asking about unsaved changes, which go to the autosave and stay there for the
-        next start to offer (``keep_autosave``); with nothing unsaved the exit is clean."""
+        next start to offer (``keep_autosave``), saying which signal closed the window; with
+        nothing unsaved the exit is clean."""
         if self.has_unsaved_changes():
-            self.autosave_now()
+            if self.autosave_now():  # not while the autosave holds an offered crash's work
+                app_settings.set_autosave_closed_by(signal_name)
             self.keep_autosave = True
         if self.save_prompt is not None:  # a Save changes? box waiting: no one will answer it
             self.save_prompt.close()
@@ -213,18 +215,21 @@ class SessionDocuments(QObject):
         then neither overwritten nor removed (not even by a clean quit)."""
         return self.restore_bar is not None and not self.restore_bar.isHidden()
 
-    def autosave_now(self) -> None:
-        """Write the session to the autosave file now (normally debounced by 1 s).
+    def autosave_now(self) -> bool:
+        """Write the session to the autosave file now (normally debounced by 1 s); return
+        whether it was written.
 
         Skipped while a restore offer is unanswered: the file holds the crashed run's work.
         """
         self.autosave_timer.stop()
         if self.session.source is None or self.restore_offer_pending():
-            return
+            return False
         try:
             app_settings.write_autosave(self.session.to_dict())
         except (OSError, TypeError, ValueError) as exc:
             logger.warning("autosave failed: %s", str(exc))
+            return False
+        return True
 
     def offer_restore(self, path: Path) -> QWidget:
         """Show a bar offering to restore the autosaved session at ``path`` (non-blocking).
@@ -382,16 +387,17 @@ class UnsavedChangesGuard(QObject):
 
 
 def _restore_question(path: Path) -> str:
-    """ "The last session did not end cleanly. Restore <model>?" naming the autosaved model."""
+    """ "The last session did not end cleanly. Restore <model>?" naming the autosaved model;
+    "The last session was closed by SIGTERM with unsaved changes." when a signal closed it
+    (``terminate``)."""
     try:
         source = Session.restore(path).source
     except (OSError, ValueError):
         source = None
     what = f"its session for {model_display_name(source)}" if source else "it"
-    return (
-        f"The last session did not end cleanly. Restore {what}? "
-        "(The autosave is kept until you answer.)"
-    )
+    closed_by = app_settings.autosave_closed_by()
+    how = f"was closed by {closed_by} with unsaved changes" if closed_by else "did not end cleanly"
+    return f"The last session {how}. Restore {what}? (The autosave is kept until you answer.)"
 
 
 def model_display_name(source: str | None) -> str:
