@@ -3,11 +3,14 @@ this CPU's measured times, and in the speed model as the context grows."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from workbench.big_modeling.planning.attention_kinds import LayerAttention, MlaShape, StateShape
+from workbench.models import attention_probe
 from workbench.models.attention_costs import (
     CACHE_TRAFFIC,
     attention_by_module,
@@ -20,6 +23,7 @@ from workbench.models.attention_probe import (
     cached_attention_times,
     measure_attention_times,
 )
+from workbench.models.device_probe import cpu_kernel_cache_key
 from workbench.models.hardware import load_profile
 from workbench.models.intake import open_model
 from workbench.models.speed import attention_shapes_for, predict_speed
@@ -129,6 +133,43 @@ def test_the_speed_model_slows_as_the_cache_grows(demo_llama_dir: Path) -> None:
     slow = AttentionTimes([[1.0, 1.0], [2.0, 1.0]], [[1.0, 1.0], [2.0, 4.0]], measured_at=0.0)
     timed = predict_speed(opened, {"": "cpu"}, profile, attention_times={shape.key: slow})
     assert timed.per_layer[1].attention_s == pytest.approx(1.0)
+
+
+def test_a_prefill_between_measured_lengths_follows_the_two_around_it() -> None:
+    # SmolLM2-135M's shape on this project's CPU: 1.2 ms at 256 tokens, 4.6 at 512, 13.2 at
+    # 1024, 43.4 at 2048; the curve through 256 and 2048 alone said 3.3 ms at 496 (4.7 measured)
+    points = [[256.0, 1.2e-3], [512.0, 4.6e-3], [1024.0, 13.2e-3], [2048.0, 43.4e-3]]
+    times = AttentionTimes(decode=[[512.0, 1e-4], [4096.0, 1e-3]], prefill=points, measured_at=0)
+
+    def through(low: list[float], high: list[float], tokens: int) -> float:
+        (low_p, low_s), (high_p, high_s) = low, high
+        b = max((high_s / high_p - low_s / low_p) / (high_p - low_p), 0.0)
+        return max(low_s / low_p - b * low_p, 0.0) * tokens + b * tokens**2
+
+    for tokens, seconds in points:  # each measured point exactly
+        assert times.prefill_seconds(int(tokens)) == pytest.approx(seconds)
+    assert times.prefill_seconds(496) == pytest.approx(through(points[0], points[1], 496))
+    assert times.prefill_seconds(496) > 4.3e-3  # not the 3.3 ms of the outer curve
+    assert times.prefill_seconds(700) == pytest.approx(through(points[1], points[2], 700))
+    assert times.prefill_seconds(37) == pytest.approx(through(points[0], points[1], 37))
+    assert times.prefill_seconds(8192) == pytest.approx(through(points[2], points[3], 8192))
+    # a shape cached with two lengths (revision 1) still reads as one curve
+    two = AttentionTimes(times.decode, [points[0], points[3]], measured_at=0)
+    assert two.prefill_seconds(496) == pytest.approx(through(points[0], points[3], 496))
+
+
+def test_a_shape_cached_before_the_four_prefill_lengths_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shape = AttentionShape(heads=4, kv_heads=2, head_dim=16, v_head_dim=16, dtype="float32")
+    cache = tmp_path / "cpu-attention.json"
+    old = AttentionTimes([[512.0, 1e-4], [4096.0, 1e-3]], [[256.0, 1e-3], [2048.0, 5e-2]], 0.0)
+    key = f"{cpu_kernel_cache_key()}; {shape.key}"  # revision 1's key
+    cache.write_text(json.dumps({"version": 1, "machines": {key: asdict(old)}}))
+    assert cached_attention_times([shape], measure_if_missing=False, cache_path=cache) == {}
+    new = replace(old, prefill=[[256.0, 1e-3], [512.0, 4e-3], [1024.0, 1e-2], [2048.0, 5e-2]])
+    monkeypatch.setattr(attention_probe, "measure_attention_times_apart", lambda shape: new)
+    assert cached_attention_times([shape], cache_path=cache) == {shape.key: new}
 
 
 def test_the_probe_times_real_attention_and_caches_each_shape(tmp_path: Path) -> None:
