@@ -56,6 +56,21 @@ def test_the_summary_says_each_figure_or_that_it_failed() -> None:
         "cpu kernels: not measured (see the log); typical efficiencies are used",
     ]
     assert measured.to_dict()["cpu_kernels"] is None
+    # 1.7 ns x sqrt(3,540,096 parameters of the probe's 576-wide layer) = 3.2 us
+    elementwise = DispatchOverhead(27.1e-6, 0.45e-3, 2, 0.0, elementwise_s=1.7e-9)
+    curve = MatmulCurve(
+        {"bfloat16": [[2**20, 2e-4], [2**22, 6e-4]]},
+        2,
+        0.0,
+        prefill_flops={"float16": 30e9},
+        transposed_prefill_rows_flops={"float16": [[8, 3e9], [128, 3.3e9]]},
+    )
+    assert HostMeasurements(elementwise, curve, None).lines()[:2] == [
+        "dispatch: 27.1 us per module call, 0.45 ms per forward, elementwise work 3.2 us a token"
+        " in a 576-wide layer (2 threads)",
+        "cpu matmul curve: a 1 MiB weight takes bfloat16 200 us; a 128-token prefill runs at"
+        " float16 30.0 GFLOP/s, with (in, out) weights (GPT-2's Conv1D) at float16 3.3 GFLOP/s",
+    ]
     kernels = CpuKernelProbe(14.2, {"int8": 0.24, "plain": 1.0}, {}, 2, 2**24, 0.0)
     assert HostMeasurements(None, None, kernels).lines()[-1] == (
         "cpu kernels: bf16 reads 14.2 GB/s; of that: int8 0.24, plain 1.00"

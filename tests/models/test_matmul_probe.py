@@ -3,6 +3,7 @@ the detected profile and profile files, and read by the speed model for CPU Line
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,11 +13,13 @@ from torch import nn
 
 from workbench.models.errors import ProfileError
 from workbench.models.hardware import (
+    HardwareProfile,
     detect_hardware,
     load_profile,
     profile_from_dict,
     with_host_probes,
 )
+from workbench.models.intake import open_model
 from workbench.models.kernel_costs import DOCUMENTED_CPU, KernelCosts
 from workbench.models.matmul_probe import (
     MatmulCurve,
@@ -27,7 +30,7 @@ from workbench.models.matmul_probe import (
     measure_prefill_flops,
 )
 from workbench.models.probe_process import run_probe_process
-from workbench.models.speed import predict_speed
+from workbench.models.speed import LayerPrediction, predict_speed
 from workbench.models.tree import build_module_tree
 from workbench.runtime.precision_planning import with_tensor_sizes
 
@@ -39,6 +42,7 @@ CURVE = MatmulCurve(
     transposed_points={"float16": [[1e6, 1e-3], [4e6, 4e-3]]},
     context_s={"float32": 0.0, "float16": 0.0},
     prefill_rows_flops={"float16": [[8, 2e10], [128, 2e10]]},
+    transposed_prefill_rows_flops={"float16": [[8, 1e9], [128, 1e9]]},
 )
 
 
@@ -65,6 +69,7 @@ def test_the_probe_times_real_matmuls(monkeypatch) -> None:
     assert [point[0] for point in curve.transposed_points["float32"]] == [4096, 65536]
     assert context == [("float32",)] and curve.complete
     assert [rows for rows, _ in curve.prefill_rows_flops["float32"]] == [8, 32, 128]
+    assert [rows for rows, _ in curve.transposed_prefill_rows_flops["float32"]] == [8, 32, 128]
 
 
 def test_a_stream_mixes_distinct_weights_of_every_size() -> None:
@@ -110,11 +115,12 @@ def test_the_curve_is_cached_per_machine(tmp_path: Path, monkeypatch) -> None:
     assert "CPU matmuls timed by weight size" in profile.description
 
 
+@pytest.mark.parametrize("missing", ["prefill_flops", "transposed_prefill_rows_flops"])
 def test_a_curve_cached_before_the_prefill_probe_is_measured_again(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch, missing: str
 ) -> None:
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
-    old = replace(CURVE, prefill_flops={})
+    old = replace(CURVE, **{missing: {}})
     assert cached_matmul_curve(lambda: old) is None  # measured, but still without it
     assert cached_matmul_curve(measure_if_missing=False) is None
     assert cached_matmul_curve(lambda: CURVE) == CURVE
@@ -136,11 +142,82 @@ def test_a_conv1d_weight_is_read_on_the_curve_of_its_in_out_layout() -> None:
     assert layers[0].compute_s == pytest.approx(1e-3 + 1e-3, rel=1e-4)
     assert layers[1].compute_s == pytest.approx(1e-4 + 1e-4 / 3)
     assert CURVE.seconds(2_000_000, "float32", transposed=True) is None  # no points
+    # its prefill runs at the (in, out) layout's rate too: float16 addmm at 3 GFLOP/s on
+    # that CPU, 10x below linear (GPT-2's 150-token TTFT: 0.65 s predicted, 6.1 s measured)
+    prefill = predict_speed(
+        tree, {"": "cpu"}, replace(base, cpu_matmul_curve=CURVE), prompt_tokens=128
+    ).per_layer
+    flops = 2 * (1000 * 1000 + 1000)  # per token: the weight and the bias
+    assert prefill[0].prefill_compute_s == pytest.approx(layers[0].compute_s + flops * 128 / 1e9)
+    assert prefill[1].prefill_compute_s == pytest.approx(layers[1].compute_s + 2e6 * 128 / 2e10)
+    assert CURVE.prefill_flops_at("float16", 64, transposed=True) == 1e9
+
+
+def test_a_cpu_blocks_elementwise_work_grows_with_its_tokens(demo_llama_dir: Path) -> None:
+    # norms, rotary, activation and residuals: e x sqrt(N) per token and layer, measured at 3.2
+    # us a token for SmolLM2-135M's layers, 48 ms of its 496-token prefill
+    opened = open_model(demo_llama_dir)
+    base = replace(load_profile("cpu-laptop-16gb"), module_call_us=0.0, forward_call_us=0.0)
+    without, with_it = (replace(base, cpu_matmul_curve=CURVE, elementwise_ns=e) for e in (0.0, 2.0))
+
+    def layers(profile: HardwareProfile, device_map: dict) -> dict[str, LayerPrediction]:
+        prediction = predict_speed(opened, device_map, profile, prompt_tokens=100, batch_size=2)
+        return {layer.name: layer for layer in prediction.per_layer}
+
+    before, after = layers(without, {"": "cpu"}), layers(with_it, {"": "cpu"})
+    params = opened.tree.node("model.layers.0").param_count
+    per_token = 2e-9 * math.sqrt(params) * 2  # batch 2
+    block = "model.layers.0"
+    assert after[block].compute_s == pytest.approx(before[block].compute_s + per_token)
+    assert after[block].prefill_compute_s == pytest.approx(
+        before[block].prefill_compute_s + per_token * 100
+    )
+    for name in ("model.embed_tokens", "lm_head"):  # no block: counted in its dispatch
+        assert after[name].prefill_compute_s == before[name].prefill_compute_s
+    gpu = replace(load_profile("rtx4090-64gb"), elementwise_ns=2.0)
+    on_gpu = layers(gpu, {"": 0})  # a GPU's bandwidth makes it nothing
+    assert (
+        on_gpu[block].prefill_compute_s
+        == layers(replace(gpu, elementwise_ns=0.0), {"": 0})[block].prefill_compute_s
+    )
+
+
+def test_a_generating_prefill_runs_the_output_head_on_the_last_position_only(
+    demo_llama_dir: Path,
+) -> None:
+    # generate keeps one position's logits (logits_to_keep=1) and an embedding looks rows up:
+    # counted as every token's matmul, SmolLM2-135M's tied embedding took 77 ms of a
+    # 496-token prefill where the head computes one row in 4 ms
+    opened = open_model(demo_llama_dir)  # float16, untied lm_head
+    base = replace(load_profile("cpu-laptop-16gb"), module_call_us=0.0, forward_call_us=0.0)
+    profile = replace(base, cpu_matmul_curve=CURVE)
+
+    def layers(**options: bool) -> dict[str, LayerPrediction]:
+        prediction = predict_speed(opened, {"": "cpu"}, profile, prompt_tokens=128, **options)
+        return {layer.name: layer for layer in prediction.per_layer}
+
+    generating = layers()
+    for name in ("model.embed_tokens", "lm_head"):  # one row: the decode step's read
+        assert generating[name].prefill_compute_s == pytest.approx(generating[name].compute_s)
+    block = generating["model.layers.0"]
+    params = opened.tree.node("model.layers.0").param_count
+    assert block.prefill_compute_s > block.compute_s + 2 * params * 128 / 2e10 * 0.99
+    every = layers(last_position_only=False)  # an encoder's forward: every position
+    head = opened.tree.node("lm_head").param_count
+    assert every["lm_head"].prefill_compute_s == pytest.approx(
+        generating["lm_head"].compute_s + 2 * head * 128 / 2e10
+    )
+    assert every["model.embed_tokens"].prefill_compute_s == pytest.approx(
+        generating["model.embed_tokens"].compute_s  # a lookup still
+    )
+    assert every["model.layers.0"].prefill_compute_s == block.prefill_compute_s
 
 
 def test_a_short_prompts_prefill_runs_at_its_row_counts_rate() -> None:
     # this project's CPU, bfloat16: 175 GFLOP/s at 8 rows, 418 at 128; a 5-token prompt's
-    # forward took 1.3 decode steps, which max(FLOPs / the 128-row rate, read) called one
+    # forward took 1.3 decode steps, which max(FLOPs / the 128-row rate, read) called one.
+    # The read and the FLOPs add: the CPU's GEMM packs the weight it reads, then multiplies
+    # the packed copy
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(1000, 1000, bias=False))
     tree = build_module_tree(model, dtype=torch.float16)
@@ -161,9 +238,9 @@ def test_a_short_prompts_prefill_runs_at_its_row_counts_rate() -> None:
         rows.prefill_flops_at("float16", 4) == 1e10
         and rows.prefill_flops_at("float16", 999) == 4e10
     )
-    assert prefill(68) == pytest.approx(2e6 * 68 / 2.5e10)  # 2 x 1e6 params x 68 tokens
-    assert prefill(500) == pytest.approx(2e6 * 500 / 4e10)
-    at_8 = 2e6 * 8 / 1e10  # 1.6 ms, above the read
+    assert prefill(68) == pytest.approx(read + 2e6 * 68 / 2.5e10)  # 2 x 1e6 params x 68 tokens
+    assert prefill(500) == pytest.approx(read + 2e6 * 500 / 4e10)
+    at_8 = read + 2e6 * 8 / 1e10  # the read and 1.6 ms
     assert prefill(1) == pytest.approx(read)
     assert prefill(5) == pytest.approx(read + (at_8 - read) * 4 / 7)  # linear to 8 rows
     assert prefill(8) == pytest.approx(at_8)
@@ -184,8 +261,10 @@ def test_a_cpu_prefill_runs_at_the_probes_rate_for_its_dtype() -> None:
     timed = predict_speed(
         tree, {"": "cpu"}, replace(base, cpu_matmul_curve=CURVE), prompt_tokens=500
     ).per_layer
-    # 2 x 1e6 weights x 500 tokens at the probe's 2e10 FLOP/s for float16
-    assert timed[0].prefill_compute_s == pytest.approx(2e6 * 500 / 2e10)
+    # the weight's one-token read on the curve, then 2 x 1e6 weights x 500 tokens at the
+    # probe's 2e10 FLOP/s for float16
+    read = 1e-4 + 1e-4 / 3
+    assert timed[0].prefill_compute_s == pytest.approx(read + 2e6 * 500 / 2e10)
     nominal = predict_speed(tree, {"": "cpu"}, base, prompt_tokens=500).per_layer
     flops = base.device("cpu").compute_tflops * 1e12 * 0.5
     assert nominal[0].prefill_compute_s == pytest.approx(
@@ -234,8 +313,8 @@ def test_a_tree_counted_as_stored_reads_each_weight_on_its_stored_dtypes_curve()
     )
     layers = predict_speed(tree, {"": "cpu"}, profile, prompt_tokens=64).per_layer
     assert layers[0].compute_s == pytest.approx(1e-4 + 1e-4 / 3)  # the float16 curve
-    # and the prefill runs at the float16 FLOP/s the probe measured (2e10)
-    assert layers[0].prefill_compute_s == pytest.approx(max(2 * 1e6 * 64 / 2e10, 1e-4 + 1e-4 / 3))
+    # and the prefill runs at the float16 FLOP/s the probe measured (2e10), after the read
+    assert layers[0].prefill_compute_s == pytest.approx(1e-4 + 1e-4 / 3 + 2 * 1e6 * 64 / 2e10)
 
 
 def test_a_dense_copy_cpu_linear_is_the_curves_matmul_plus_its_dequantization() -> None:

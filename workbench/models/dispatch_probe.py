@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 import types
@@ -65,8 +66,19 @@ logger = logging.getLogger(__name__)
 
 PROBE_WIDTH: Final = 64
 PROBE_LAYERS: Final = (2, 10)
-DISPATCH_REVISION: Final = 2
-"""In the cache key: r2's Linears leave their matmuls out (the matmul curve counts them)."""
+DISPATCH_REVISION: Final = 3
+"""In the cache key: r2's Linears leave their matmuls out (the matmul curve counts them); r3
+measures the elementwise work per token (``elementwise_s``)."""
+ELEMENTWISE_WIDTH: Final = 576
+"""The width of the Llama whose elementwise work per token is timed (SmolLM2-135M's: 1,536
+wide MLP, 9 heads over 3 K/V heads)."""
+ELEMENTWISE_LAYER_PARAMS: Final = 3_540_096
+"""Parameters of one of its layers (what ``elementwise_s`` is per square root of)."""
+ELEMENTWISE_LAYERS: Final = (2, 6)
+ELEMENTWISE_TOKENS: Final = 256
+NO_ATTENTION: Final = "workbench_no_attention"
+"""The attention implementation registered for the elementwise probe: a zero output of
+attention's shape (``attention_probe`` times attention)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,8 @@ class DispatchOverhead:
         measured_at: UNIX time of the measurement (or of a later one that did not replace it).
         others_busy: the share of the machine other processes took while it timed
             (``machine_load``; ``None``: not known).
+        elementwise_s: seconds of a layer's elementwise work per prompt token, per square
+            root of its parameters (``measure_elementwise_seconds``).
     """
 
     per_module_s: float
@@ -87,6 +101,7 @@ class DispatchOverhead:
     threads: int
     measured_at: float
     others_busy: float | None = None
+    elementwise_s: float = 0.0
 
 
 def leaf_module_count(module: nn.Module) -> int:
@@ -185,7 +200,88 @@ def measure_dispatch_overhead(repeats: int = 5, short: int = 4, long: int = 36) 
         threads=torch.get_num_threads(),
         measured_at=time.time(),
         others_busy=load.share,
+        elementwise_s=measure_elementwise_seconds(repeats),
     )
+
+
+def measure_elementwise_seconds(repeats: int = 5) -> float:
+    """Seconds of a layer's elementwise work per prompt token, per square root of its
+    parameters: ``ELEMENTWISE_WIDTH``-wide bfloat16 Llamas of ``ELEMENTWISE_LAYERS`` layers,
+    their matmuls and attention left out, each run over 1 and ``ELEMENTWISE_TOKENS`` tokens
+    (module docs; best of ``repeats``, round-robin); 0 when other load drowns it."""
+    from transformers import AttentionInterface  # noqa: PLC0415 (slow import)
+
+    AttentionInterface.register(NO_ATTENTION, _no_attention)
+    few, many = ELEMENTWISE_LAYERS
+    models = {layers: _wide_model(layers) for layers in ELEMENTWISE_LAYERS}
+    prompts = {
+        tokens: torch.arange(tokens).remainder(128)[None] for tokens in (1, ELEMENTWISE_TOKENS)
+    }
+    runs = [(layers, tokens) for layers in models for tokens in prompts]
+    best = dict.fromkeys(runs, math.inf)
+    with torch.inference_mode():
+        for layers, tokens in runs:
+            models[layers](prompts[tokens], logits_to_keep=1)  # warm-up
+        for _ in range(repeats):
+            for layers, tokens in runs:
+                start = time.perf_counter()
+                models[layers](prompts[tokens], logits_to_keep=1)
+                seconds = time.perf_counter() - start
+                best[layers, tokens] = min(best[layers, tokens], seconds)
+    per_layer = {
+        tokens: (best[many, tokens] - best[few, tokens]) / (many - few) for tokens in prompts
+    }
+    per_token = (per_layer[ELEMENTWISE_TOKENS] - per_layer[1]) / (ELEMENTWISE_TOKENS - 1)
+    parameters = sum(p.numel() for p in models[few].model.layers[0].parameters())
+    return max(per_token, 0.0) / math.sqrt(parameters)
+
+
+def _wide_model(layers: int) -> nn.Module:
+    """A random ``ELEMENTWISE_WIDTH``-wide bfloat16 Llama of ``layers`` layers whose Linears
+    and attention compute nothing (``skip_matmul``, ``NO_ATTENTION``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 (slow import)
+
+    width = ELEMENTWISE_WIDTH
+    config = LlamaConfig(
+        hidden_size=width,
+        intermediate_size=width * 8 // 3,
+        num_attention_heads=width // 64,
+        num_key_value_heads=max(width // 192, 1),
+        num_hidden_layers=layers,
+        vocab_size=128,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = NO_ATTENTION
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu").to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(0.01)
+        head = config.head_dim
+        model.model.rotary_emb.inv_freq.copy_(
+            1.0 / (10000 ** (torch.arange(0, head, 2, dtype=torch.float32) / head))
+        )
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            skip_matmul(module)
+    return model
+
+
+def _no_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Attention's output shape ``(batch, tokens, heads, head dim)``, zero, kept per shape."""
+    shape = (query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+    kept = module.__dict__.get("_probe_output")
+    if kept is None or kept.shape != shape:
+        kept = module.__dict__["_probe_output"] = query.new_zeros(shape)
+    return kept, None
 
 
 def measure_dispatch_overhead_apart() -> DispatchOverhead:

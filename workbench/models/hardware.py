@@ -29,7 +29,9 @@ An optional ``"kernel_costs": {"cpu": {"int8": 0.26, ...}, "cuda": {...}}`` give
 precision's decode kernel efficiency (``kernel_costs`` module; the documented table otherwise).
 Optional ``"module_call_us"`` and ``"forward_call_us"`` give the host's cost of an eager forward
 beyond its arithmetic, per module call and per forward (``dispatch_probe``; typical values
-``DEFAULT_MODULE_CALL_US`` and ``DEFAULT_FORWARD_CALL_US`` otherwise, measured when detected).
+``DEFAULT_MODULE_CALL_US`` and ``DEFAULT_FORWARD_CALL_US`` otherwise, measured when detected),
+and ``"elementwise_ns"`` a CPU layer's elementwise work per token per square root of its
+parameters (``DEFAULT_ELEMENTWISE_NS`` otherwise).
 
 Example:
     >>> profile = load_profile("rtx4090-64gb.json")  # the file above  # doctest: +SKIP
@@ -70,6 +72,7 @@ from workbench.models.hardware_profile import (
     DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS,
     DEFAULT_CPU_TFLOPS,
     DEFAULT_DISK_READ_GBPS,
+    DEFAULT_ELEMENTWISE_NS,
     DEFAULT_FORWARD_CALL_US,
     DEFAULT_HOST_TO_DEVICE_GBPS,
     DEFAULT_MODULE_CALL_US,
@@ -324,6 +327,7 @@ def with_dispatch_overhead(profile: HardwareProfile, probe: DispatchOverhead) ->
         profile,
         module_call_us=probe.per_module_s * 1e6,
         forward_call_us=probe.step_s * 1e6,
+        elementwise_ns=probe.elementwise_s * 1e9,
         dispatch_measured=True,
     )
 
@@ -405,6 +409,9 @@ def profile_from_dict(data: Any, *, source: Path | None = None) -> HardwareProfi
         ),
         forward_call_us=_positive(
             data, "forward_call_us", DEFAULT_FORWARD_CALL_US, where_file, allow_zero=True
+        ),
+        elementwise_ns=_positive(
+            data, "elementwise_ns", DEFAULT_ELEMENTWISE_NS, where_file, allow_zero=True
         ),
         dispatch_measured=data.get("dispatch_measured") is True,
         cpu_matmul_curve=_matmul_curve(data, where_file),
@@ -560,6 +567,7 @@ def profile_for_budgets(
         kernel_costs=base.kernel_costs if base else DEFAULT_KERNEL_COSTS,
         module_call_us=base.module_call_us if base else DEFAULT_MODULE_CALL_US,
         forward_call_us=base.forward_call_us if base else DEFAULT_FORWARD_CALL_US,
+        elementwise_ns=base.elementwise_ns if base else DEFAULT_ELEMENTWISE_NS,
         dispatch_measured=base.dispatch_measured if base else False,
         cpu_matmul_curve=base.cpu_matmul_curve if base else None,
     )

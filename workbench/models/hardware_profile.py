@@ -33,6 +33,10 @@ DEFAULT_CPU_MEMORY_BANDWIDTH_GBPS = 40.0
 # host dispatches in about half, and on a GPU each call launches at least one kernel (~5 us).
 DEFAULT_MODULE_CALL_US = 15.0
 DEFAULT_FORWARD_CALL_US = 300.0
+# A CPU layer's elementwise work (norms, rotary, activation, residuals) per token, per square
+# root of the layer's parameters (``dispatch_probe``): this project's 2-core VM measures
+# 1.7-1.9 ns for bfloat16 Llama layers 256 to 2,048 wide (3.2 us a token for SmolLM2-135M's).
+DEFAULT_ELEMENTWISE_NS = 1.8
 GENERIC_GPU_TFLOPS = 100.0  # a GPU whose speed is not known
 GENERIC_GPU_BANDWIDTH_GBPS = 1000.0
 
@@ -131,7 +135,9 @@ class HardwareProfile:
         module_call_us: the host's microseconds per module call of an eager forward
             (``models.dispatch_probe``): measured for the detected profile, else typical.
         forward_call_us: the host's microseconds per forward outside its modules.
-        dispatch_measured: whether those two were measured on this machine.
+        elementwise_ns: nanoseconds of a CPU layer's elementwise work per token, per square
+            root of its parameters (``models.dispatch_probe``; the speed model's prefill).
+        dispatch_measured: whether those three were measured on this machine.
         cpu_matmul_curve: this CPU's one-token matmul seconds by weight size and dtype
             (``models.matmul_probe``), measured for the detected profile; ``None``: the CPU's
             memory bandwidth alone.
@@ -148,6 +154,7 @@ class HardwareProfile:
     kernel_costs: KernelCosts = field(default=DEFAULT_KERNEL_COSTS, compare=False)
     module_call_us: float = DEFAULT_MODULE_CALL_US
     forward_call_us: float = DEFAULT_FORWARD_CALL_US
+    elementwise_ns: float = DEFAULT_ELEMENTWISE_NS
     dispatch_measured: bool = False
     cpu_matmul_curve: MatmulCurve | None = field(default=None, compare=False)
 
@@ -208,6 +215,8 @@ class HardwareProfile:
             links["module_call_us"] = self.module_call_us
         if self.forward_call_us != DEFAULT_FORWARD_CALL_US:
             links["forward_call_us"] = self.forward_call_us
+        if self.elementwise_ns != DEFAULT_ELEMENTWISE_NS:
+            links["elementwise_ns"] = self.elementwise_ns
         if self.dispatch_measured:
             links["dispatch_measured"] = True
         if self.cpu_matmul_curve is not None:

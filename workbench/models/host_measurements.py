@@ -24,7 +24,12 @@ from typing import Any
 
 from workbench.models.cache_dirs import CONTENDED_RETRY_S
 from workbench.models.device_probe import CpuKernelProbe, cached_cpu_kernels
-from workbench.models.dispatch_probe import DispatchOverhead, cached_dispatch_overhead
+from workbench.models.dispatch_probe import (
+    ELEMENTWISE_LAYER_PARAMS,
+    ELEMENTWISE_WIDTH,
+    DispatchOverhead,
+    cached_dispatch_overhead,
+)
 from workbench.models.machine_load import contended
 from workbench.models.matmul_probe import MatmulCurve, cached_matmul_curve
 
@@ -48,9 +53,15 @@ class HostMeasurements:
             out.append("dispatch: not measured (see the log); typical 15 us per module call")
         else:
             d = self.dispatch
+            elementwise = (
+                f", elementwise work {d.elementwise_s * ELEMENTWISE_LAYER_PARAMS**0.5 * 1e6:.1f}"
+                f" us a token in a {ELEMENTWISE_WIDTH}-wide layer"
+                if d.elementwise_s > 0
+                else ""
+            )
             out.append(
                 f"dispatch: {d.per_module_s * 1e6:.1f} us per module call, "
-                f"{d.step_s * 1e3:.2f} ms per forward ({d.threads} threads)"
+                f"{d.step_s * 1e3:.2f} ms per forward{elementwise} ({d.threads} threads)"
             )
         if self.matmul_curve is None:
             out.append("cpu matmul curve: not measured (see the log); bandwidth alone is used")
@@ -67,6 +78,14 @@ class HostMeasurements:
                     for dtype, rate in sorted(self.matmul_curve.prefill_flops.items())
                 )
                 line += f"; a 128-token prefill runs at {rates} GFLOP/s"
+            if self.matmul_curve.transposed_prefill_rows_flops:
+                rates = ", ".join(
+                    f"{dtype} {points[-1][1] / 1e9:.1f}"
+                    for dtype, points in sorted(
+                        self.matmul_curve.transposed_prefill_rows_flops.items()
+                    )
+                )
+                line += f", with (in, out) weights (GPT-2's Conv1D) at {rates} GFLOP/s"
             out.append(line)
         if self.cpu_kernels is None:
             out.append("cpu kernels: not measured (see the log); typical efficiencies are used")

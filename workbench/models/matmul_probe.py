@@ -45,7 +45,10 @@ rate (the speed model takes the one-token time below the first point, rising lin
 And it times the same weights stored input-major, ``(in, out)``, as ``x @ W`` (``addmm``:
 ``transformers``' ``Conv1D``, GPT-2's layers), ``transposed_points``: in float16 this CPU's
 kernels take 8-20x the ``linear`` time for that layout (a 4 MB float16 weight: 2.2 ms against
-0.2 ms), which made GPT-2's decode 4.7x slower than predicted.
+0.2 ms), which made GPT-2's decode 4.7x slower than predicted. Its prefill rate too
+(``transposed_prefill_rows_flops``, on a ``TRANSPOSED_PREFILL_SIDE``-square weight): float16
+``addmm`` on that layout runs at 3.3 GFLOP/s at every row count, against 29-33 for ``linear``,
+and GPT-2's 150-token TTFT took 6.1 s where the ``linear`` rate predicted 0.65.
 
 Example:
     >>> curve = cached_matmul_curve()  # doctest: +SKIP
@@ -61,6 +64,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Final
@@ -102,6 +106,10 @@ CONTEXT_LAYERS: Final = 12
 PREFILL_ROWS: Final = 128
 PREFILL_ROW_POINTS: Final = (8, 32, PREFILL_ROWS)
 PREFILL_SIDE: Final = 1024
+TRANSPOSED_PREFILL_SIDE: Final = 1000
+"""Not a power of two: float16 ``addmm`` on ``(in, out)`` weights slows 3x at power-of-two
+strides on this project's CPU (1.15 GFLOP/s at 1024, 3.3 at 1000 and 960, 2.6-3.3 at GPT-2's
+768, 1280 and 1600, 2.1-3.1 for the 60M GPT-2 demo's 640-wide shapes)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,8 @@ class MatmulCurve:
         prefill_rows_flops: ``{dtype name: [[rows, FLOP/s], ...]}``, rows increasing: the
             prefill matmul's rate at ``PREFILL_ROW_POINTS`` tokens (a short prompt's matmuls
             run far below a long one's: ``prefill_flops_at``).
+        transposed_prefill_rows_flops: ``prefill_rows_flops`` for weights stored
+            ``(in, out)``, through ``addmm`` as ``Conv1D`` runs them.
     """
 
     points: dict[str, list[list[float]]]
@@ -131,6 +141,7 @@ class MatmulCurve:
     others_busy: float | None = None
     context_s: dict[str, float] = field(default_factory=dict)
     prefill_rows_flops: dict[str, list[list[float]]] = field(default_factory=dict)
+    transposed_prefill_rows_flops: dict[str, list[list[float]]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -142,13 +153,15 @@ class MatmulCurve:
             and self.transposed_points
             and self.context_s
             and self.prefill_rows_flops
+            and self.transposed_prefill_rows_flops
         )
 
-    def prefill_flops_at(self, dtype: str, rows: int) -> float | None:
-        """The prefill matmul's FLOP/s at ``rows`` tokens: linear in rows between the measured
-        points, the first point's below it, the last's above it; ``None`` without points for
-        ``dtype``."""
-        points = self.prefill_rows_flops.get(dtype)
+    def prefill_flops_at(self, dtype: str, rows: int, *, transposed: bool = False) -> float | None:
+        """The prefill matmul's FLOP/s at ``rows`` tokens (``transposed``: for weights stored
+        ``(in, out)``): linear in rows between the measured points, the first point's below
+        it, the last's above it; ``None`` without points for ``dtype``."""
+        table = self.transposed_prefill_rows_flops if transposed else self.prefill_rows_flops
+        points = table.get(dtype)
         if not points:
             return None
         if rows <= points[0][0]:
@@ -253,13 +266,25 @@ def measure_matmul_curve(
                 nbytes = {index: weight.nbytes for index, weight, _ in stream}
                 del stream
                 table[name] = [[float(nbytes[i]), each] for i, each in enumerate(seconds)]
-    prefill_rows = {  # the last row count is PREFILL_ROWS: prefill_flops is its rate
-        name: [
-            [float(rows), measure_prefill_flops((name,), rows=rows, repeats=repeats)[name]]
-            for rows in PREFILL_ROW_POINTS
-        ]
-        for name in dtypes
-    }
+    prefill_rows, transposed_rows = (
+        {  # the last row count is PREFILL_ROWS: prefill_flops is its rate
+            name: [
+                [
+                    float(rows),
+                    measure_prefill_flops(
+                        (name,),
+                        rows=rows,
+                        side=TRANSPOSED_PREFILL_SIDE if transposed else PREFILL_SIDE,
+                        repeats=repeats,
+                        transposed=transposed,
+                    )[name],
+                ]
+                for rows in PREFILL_ROW_POINTS
+            ]
+            for name in dtypes
+        }
+        for transposed in (False, True)
+    )
     return MatmulCurve(
         points=points,
         threads=torch.get_num_threads(),
@@ -269,6 +294,7 @@ def measure_matmul_curve(
         others_busy=load.share,
         context_s=measure_context_seconds(dtypes),
         prefill_rows_flops=prefill_rows,
+        transposed_prefill_rows_flops=transposed_rows,
     )
 
 
@@ -375,9 +401,12 @@ def measure_prefill_flops(
     rows: int = PREFILL_ROWS,
     side: int = PREFILL_SIDE,
     repeats: int = 5,
+    *,
+    transposed: bool = False,
 ) -> dict[str, float]:
     """FLOP/s of a ``(rows, side)`` activation through a ``side``-square weight per dtype,
-    the best of ``repeats`` calls after a warm-up (module docs)."""
+    the best of ``repeats`` calls after a warm-up (module docs); ``transposed``: the weight
+    stored ``(in, out)``, through ``addmm`` with a bias as ``transformers``' ``Conv1D``."""
     from torch.nn.functional import linear  # noqa: PLC0415
 
     generator = torch.Generator().manual_seed(0)
@@ -387,11 +416,18 @@ def measure_prefill_flops(
             dtype = to_dtype(name)
             weight = (torch.randn(side, side, generator=generator) * 0.02).to(dtype)
             activation = torch.randn(rows, side, generator=generator).to(dtype)
-            linear(activation, weight)
+            call = (
+                partial(
+                    torch.addmm, torch.zeros(side, dtype=dtype), activation, weight.t().contiguous()
+                )
+                if transposed
+                else partial(linear, activation, weight)
+            )
+            call()
             fastest = math.inf
             for _ in range(repeats):
                 start = time.perf_counter()
-                linear(activation, weight)
+                call()
                 fastest = min(fastest, time.perf_counter() - start)
             rates[name] = 2.0 * rows * side * side / max(fastest, 1e-9)
     return rates

@@ -19,8 +19,11 @@ device ``e`` (its own GPU; the main GPU for cpu/disk tiers when the map has a GP
                   cache bytes
     work        = max(2 N B / (F_e * mfu), read) + attention       decode: one token, batch B
                 = max(2 N B P / (F_e * mfu), read) + attention     prefill: a prompt of P tokens
+                  (on the CPU with a matmul curve: read + 2 N B P / rate(P), below)
+    elementwise = T B e sqrt(N)            on the CPU, a block's norms, rotary, activation and
+                                            residuals over T tokens (1 to decode, P to prefill)
     dispatch    = modules in the layer * module_call_s   the host's Python and dispatcher
-    compute     = work + dispatch           on the CPU (the same cores do both)
+    compute     = work + elementwise + dispatch   on the CPU (the same cores do both)
                 = max(work, dispatch)       on a GPU (the host launches ahead of the kernels)
     layer time  = max(transfer_s, compute)  with prefetch (the next layer's copy overlaps this
                                             layer's compute, as a copy stream does)
@@ -43,11 +46,20 @@ nominal bandwidth (bitsandbytes' nf4 on this project's 2-core CPU: 6.77 tok/s me
 SmolLM2-135M, 23.7 predicted against the nominal bandwidth). The curve's prefill rate for the
 prompt's row count (``prefill_rows_flops``, measured at 8, 32 and 128 rows and interpolated;
 ``prefill_flops``, the 128-row one, where a curve has no row points) replaces ``F * mfu`` in a
-CPU layer's prefill compute; below 8 rows its time rises linearly from the one-token ``read``
-to the 8-row time (on this project's CPU a 5-token bfloat16 prompt's forward takes 1.3 decode
-steps, which ``max(2 N B P / rate, read)`` said was one). A ``Conv1D`` weight (GPT-2), stored
+CPU layer's prefill compute, which adds to the layer's one-token ``read`` rather than
+overlapping it, ``read + 2 N B P / rate``: the CPU's GEMM packs each weight as it reads it,
+then multiplies the packed copy (SmolLM2-135M's 31-token TTFT: 47 ms predicted as the larger
+of the two, 74 as their sum, 73-78 measured). Below 8 rows its time rises linearly from the
+one-token ``read`` to the 8-row time (on this project's CPU a 5-token bfloat16 prompt's
+forward takes 1.3 decode steps). A ``Conv1D`` weight (GPT-2), stored
 ``(in, out)``, is read on the curve measured for that layout.
 
+``e`` is the profile's ``elementwise_ns`` (``dispatch_probe``: a 576-wide Llama's elementwise
+work per token over the square root of its layer's parameters, which scales with the layer's
+width as the activations do; measured on this machine, typical elsewhere; 1.6-1.9 ns on this
+project's CPU): SmolLM2-135M's layers take 3.2 us a prompt token for it, 48 ms of a 496-token
+prefill, which the model left out before. On a GPU it is left out (a bandwidth-bound
+kernel over kilobytes per token).
 ``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
 ``forward_call_us`` (``dispatch_probe``: measured on this machine, typical elsewhere); the
 modules of a layer are its leaf modules (10 for a Llama layer). They are most of a small
@@ -104,6 +116,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -253,6 +266,7 @@ def predict_speed(
     attention: AttentionLayout | None = None,
     attention_times: Mapping[str, AttentionTimes] | None = None,
     decode_context: int | None = None,
+    last_position_only: bool | None = None,
 ) -> SpeedPrediction:
     """Predict per-token decode time and time to first token (formula in the module docs).
 
@@ -273,6 +287,9 @@ def predict_speed(
         attention_times: this CPU's measured attention by shape (``attention_probe``), used
             for layers that run on the CPU; others count FLOPs and bytes.
         decode_context: tokens in the KV cache during a decode step; default ``prompt_tokens``.
+        last_position_only: the prefill computes the output head for the last position only
+            (``generate``'s ``logits_to_keep=1``); default: for a model whose attention
+            layout says it decodes (not encoder-only), else every position.
 
     Returns:
         A ``SpeedPrediction`` with a per-layer breakdown.
@@ -311,6 +328,8 @@ def predict_speed(
     units = _iter_layers(tree.root)
     attention_of = attention_by_module((u.name for u in units), layout) if layout else {}
     context = decode_context if decode_context is not None else prompt_tokens
+    if last_position_only is None:
+        last_position_only = layout is not None and not layout.encoder_only
     layers: list[LayerPrediction] = []
     uncovered: list[str] = []
     for unit in units:
@@ -357,6 +376,7 @@ def predict_speed(
             for kind, kind_bytes in bytes_by_kind.items()
         )
         flops = 2.0 * _param_count(unit, tree) * batch_size
+        rows = _prefill_rows(tree, unit, prompt_tokens, last_position_only)
         dispatch_s = _module_calls(unit) * module_call_s
         unit_dtype = _dominant_dtype(tree, unit, bytes_by_dtype)
         prefill_rate = _prefill_rate(curve, unit_dtype) or flops_per_s
@@ -372,20 +392,30 @@ def predict_speed(
             encoder_only=layout is not None and layout.encoder_only,
             times=attention_times if execution == "cpu" else None,
         )
+        elementwise_s = (  # per token: norms, rotary, activation, residuals
+            profile.elementwise_ns * 1e-9 * math.sqrt(unit.param_count) * batch_size
+            if unit.no_split and execution == "cpu"
+            else 0.0
+        )
         decode_compute_s = _with_dispatch(
-            max(flops / flops_per_s, weight_read_s) + attended.decode_s, dispatch_s, execution
+            max(flops / flops_per_s, weight_read_s) + attended.decode_s + elementwise_s,
+            dispatch_s,
+            execution,
         )
         prefill_matmul_s = _prefill_matmul_seconds(
             curve if execution == "cpu" else None,
             unit_dtype,
             flops,
-            prompt_tokens,
+            rows,
             batch_size,
             weight_read_s,
             prefill_rate,
+            transposed_share=_transposed_share(tree, unit),
         )
         prefill_compute_s = _with_dispatch(
-            prefill_matmul_s + attended.prefill_s, dispatch_s, execution
+            prefill_matmul_s + attended.prefill_s + elementwise_s * prompt_tokens,
+            dispatch_s,
+            execution,
         )
         time_s = max(transfer_s, decode_compute_s) if prefetch else transfer_s + decode_compute_s
         layers.append(
@@ -518,6 +548,43 @@ def _prefill_rate(curve: MatmulCurve | None, dtype: str) -> float | None:
     return curve.prefill_flops.get(dtype)
 
 
+def _prefill_rows(tree: ModuleTree, unit: ModuleNode, tokens: int, last_position_only: bool) -> int:
+    """The prompt positions a layer's matmuls run over in the prefill: all of them in a
+    block; none for an embedding's lookup (a weight tied to the output head stands for the
+    head: ``_unit_tensors`` counts a tied weight once); for the other modules outside the
+    blocks (the output head, a final norm) the last position when ``last_position_only``,
+    else all. Counted as ``tokens`` rows, a 496-token prompt's prefill charged SmolLM2-135M's
+    tied embedding 77 ms of matmul for a head that computes one row, 4 ms."""
+    if unit.no_split:
+        return tokens
+    if _is_embedding(tree, unit.name) and not unit.tied:
+        return 0
+    return 1 if last_position_only else tokens
+
+
+def _is_embedding(tree: ModuleTree, module: str) -> bool:
+    try:
+        return "Embedding" in tree.node(module).class_name
+    except KeyError:
+        return False
+
+
+def _transposed_share(tree: ModuleTree, unit: ModuleNode) -> float:
+    """The share of a layer's parameters in ``Conv1D`` modules (GPT-2's ``(in, out)``
+    weights, ``x @ W``), whose prefill runs at the curve's rate for that layout."""
+    total = _param_count(unit, tree)
+    if total <= 0:
+        return 0.0
+    nodes, stack = [], [unit]
+    while stack:  # a block's modules; outside the blocks, the module itself
+        node = stack.pop()
+        nodes.append(node)
+        if unit.no_split:
+            stack.extend(node.children)
+    transposed = sum(node.param_count for node in nodes if node.class_name == "Conv1D")
+    return min(transposed / total, 1.0)
+
+
 def _prefill_matmul_seconds(
     curve: MatmulCurve | None,
     dtype: str,
@@ -526,20 +593,46 @@ def _prefill_matmul_seconds(
     batch: int,
     read_s: float,
     rate: float,
+    *,
+    transposed_share: float = 0.0,
 ) -> float:
-    """A layer's prefill matmuls over ``tokens`` (``flops`` per token, batch included): its
-    FLOPs at the curve's rate for that many rows (``prefill_flops_at``), never less than its
-    one-token read ``read_s``; below the first measured row count, from ``read_s`` at one
-    token rising linearly to that count's time. Without rows measured: ``max(flops x tokens /
-    rate, read_s)``."""
+    """A layer's prefill matmuls over ``tokens`` (``flops`` per token, batch included).
+
+    With the CPU curve's row points: its one-token read ``read_s`` plus its FLOPs at the
+    curve's rate for that many rows (``prefill_flops_at``); below the first measured row
+    count, from ``read_s`` at one token rising linearly to that count's time. The two add on
+    the CPU: the GEMM first packs the weight it reads from memory, then multiplies the packed
+    copy (SmolLM2-135M's bfloat16 Linears in a 37-token forward on this project's CPU take
+    their one-token time plus their time on a cache-hot weight, within 5% per shape: 209 us
+    for a 576 x 576 weight, 105 + 89; the larger of the two, which this took before,
+    predicted its 37-token forward at 48.7 ms against 62-66 measured).
+
+    The ``transposed_share`` of the FLOPs (``Conv1D`` weights) runs at the curve's rate for
+    that layout where it has one (``transposed_prefill_rows_flops``: float16 ``x @ W`` runs at
+    about 3 GFLOP/s on this project's CPU, 10x below ``linear``; GPT-2's 15-token TTFT was
+    predicted 125 ms where it takes 620).
+
+    Without rows measured (a GPU, or no curve): the roofline ``max(flops x tokens / rate,
+    read_s)``. No tokens (an embedding's lookup): ``read_s``.
+    """
+    if tokens <= 0:
+        return read_s
     rows = max(tokens * batch, 1)
     first = curve.prefill_rows_flops.get(dtype) if curve is not None else None
     if not first:
         return max(flops * tokens / rate, read_s)
-    first_rows, first_rate = int(first[0][0]), first[0][1]
+
+    def seconds_per_row_flop(at_rows: int) -> float:
+        plain = 1.0 / (curve.prefill_flops_at(dtype, at_rows) or rate)
+        flipped = curve.prefill_flops_at(dtype, at_rows, transposed=True)
+        if not transposed_share or not flipped:
+            return plain
+        return (1.0 - transposed_share) * plain + transposed_share / flipped
+
+    first_rows = int(first[0][0])
     if rows >= first_rows:
-        return max(flops * tokens / (curve.prefill_flops_at(dtype, rows) or rate), read_s)
-    at_first = max(flops / batch * first_rows / first_rate, read_s)
+        return read_s + flops * tokens * seconds_per_row_flop(rows)
+    at_first = read_s + flops / batch * first_rows * seconds_per_row_flop(first_rows)
     return read_s + (at_first - read_s) * (rows - 1) / (first_rows - 1)
 
 
