@@ -50,6 +50,10 @@ def test_a_profile_sent_as_data_predicts_for_that_profile(opened: Any, laptop: A
     }
     assert predict_figures(loaded, laptop.name, 9) == figures  # by name: the same hardware
     assert predict_figures(loaded, {"name": "broken"}, 9) == {}  # a bad profile: no figures
+    # a run that generates nothing computes every position's logits: its forward is longer
+    every = predict_speed(opened, {"": "cpu"}, laptop, prompt_tokens=9, last_position_only=False)
+    forward = predict_figures(loaded, laptop.name, 9, generating=False)
+    assert forward["forward_s"] == every.prefill_s > figures["forward_s"]
 
 
 def test_this_machine_is_predicted_with_its_measured_host_costs(opened: Any) -> None:

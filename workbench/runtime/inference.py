@@ -312,6 +312,7 @@ def run_inference(
         prompt_tokens,
         announce=lambda phase: emit(Phase(rid, phase)),
         new_tokens=len(new_ids) if generate else 0,
+        generating=bool(generate),
     )
     return InferenceResult(
         text=text,
@@ -364,6 +365,7 @@ def predict_figures(
     announce: Callable[[str], None] | None = None,
     *,
     new_tokens: int = 0,
+    generating: bool = True,
 ) -> dict[str, float]:
     """The speed model's tokens/s and TTFT for this plan, and ``"forward_s"``: one forward over
     the prompt, the figure a run that generates nothing compares with ({} when it cannot predict).
@@ -377,6 +379,8 @@ def predict_figures(
             attention shape runs on its CPU: ``attention_probe``).
         new_tokens: tokens the run generated: its decode steps read a cache of the prompt
             plus half of them on average.
+        generating: the run generates (its prompt's forward computes the last position's
+            logits only); otherwise one forward computes every position's.
     """
     try:
         if isinstance(profile, Mapping):
@@ -407,6 +411,7 @@ def predict_figures(
             attention=layout,
             attention_times=times,
             decode_context=prompt_tokens + new_tokens // 2,
+            last_position_only=None if generating else False,
         )
     except Exception as exc:  # the prediction is informative; never fail the test over it
         logger.info("no speed prediction for this plan: %s", exc)
