@@ -48,18 +48,19 @@ prompt's row count (``prefill_rows_flops``, measured at 8, 32 and 128 rows and i
 ``prefill_flops``, the 128-row one, where a curve has no row points) replaces ``F * mfu`` in a
 CPU layer's prefill compute, which adds to the layer's one-token ``read`` rather than
 overlapping it, ``read + 2 N B P / rate``: the CPU's GEMM packs each weight as it reads it,
-then multiplies the packed copy (SmolLM2-135M's 31-token TTFT: 47 ms predicted as the larger
-of the two, 74 as their sum, 73-78 measured). Below 8 rows its time rises linearly from the
+then multiplies the packed copy (each of SmolLM2-135M's Linear shapes takes its one-token
+time plus its cache-hot time in a 37-token forward, within 5%; the larger of the two
+predicted its 31-token TTFT at 47 ms, 73-85 measured). Below 8 rows its time rises linearly from the
 one-token ``read`` to the 8-row time (on this project's CPU a 5-token bfloat16 prompt's
 forward takes 1.3 decode steps). A ``Conv1D`` weight (GPT-2), stored
 ``(in, out)``, is read on the curve measured for that layout.
 
 ``e`` is the profile's ``elementwise_ns`` (``dispatch_probe``: a 576-wide Llama's elementwise
 work per token over the square root of its layer's parameters, which scales with the layer's
-width as the activations do; measured on this machine, typical elsewhere; 1.6-1.9 ns on this
-project's CPU): SmolLM2-135M's layers take 3.2 us a prompt token for it, 48 ms of a 496-token
-prefill, which the model left out before. On a GPU it is left out (a bandwidth-bound
-kernel over kilobytes per token).
+width as the activations do; measured on this machine, typical elsewhere; 1.2-2.1 ns on this
+project's CPU across measurements): SmolLM2-135M's layers take 2.3-3.2 us a prompt token for
+it, 34-48 ms of a 496-token prefill, which the model left out before. On a GPU it is left
+out (a bandwidth-bound kernel over kilobytes per token).
 ``module_call_s`` and ``forward_call_s`` are the profile's ``module_call_us`` and
 ``forward_call_us`` (``dispatch_probe``: measured on this machine, typical elsewhere); the
 modules of a layer are its leaf modules (10 for a Llama layer). They are most of a small
