@@ -20,10 +20,12 @@ decode tok/s and time to first token.
 With ``--prompts 30,500,2000``, SmolLM2-135M (as stored) is run on prompts of about that many
 tokens (a sentence repeated): the time to first token, which grows with the prompt's matmul rows
 and attention's quadratic term, and the decode tok/s, which slows as each step reads a longer
-KV cache, each beside the run's own prediction.
+KV cache, each beside the run's own prediction. ``--prompt-demos`` adds the same rows for the
+60M Llama and GPT-2 demos (float16; GPT-2's ``(in, out)`` weights run its prefill at the
+matmul probe's rate for that layout), on the lengths up to 500 tokens.
 
     PYTHONPATH=. python benchmarks/bench_speed_model.py [--rounds 2] [--new-tokens 32]
-        [--quantize nf4,int8] [--prompts 30,500,2000] [--no-table]
+        [--quantize nf4,int8] [--prompts 30,500,2000] [--prompt-demos] [--no-table]
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from workbench.runtime.model_kind import generates_tokens
 PROMPT = "The capital of France is"
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 SENTENCE_TOKENS = 15  # SmolLM2's tokenizer, about
+DEMO_PROMPT_LIMIT = 500  # GPT-2's float16 (in, out) matmuls: a 500-token TTFT takes 25 s here
 
 
 def _models(root: Path) -> list[tuple[str, Path]]:
@@ -87,6 +90,11 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--quantize", default="", help="precisions for SmolLM2, e.g. nf4,int8")
     parser.add_argument("--prompts", default="", help="SmolLM2 prompt lengths, e.g. 30,500,2000")
+    parser.add_argument(
+        "--prompt-demos",
+        action="store_true",
+        help=f"--prompts rows for the 60M Llama and GPT-2 demos too (up to {DEMO_PROMPT_LIMIT})",
+    )
     parser.add_argument(
         "--no-table", action="store_true", help="only the --quantize/--prompts rows"
     )
@@ -146,18 +154,28 @@ def _quantized_rows(args: argparse.Namespace) -> None:
 
 
 def _prompt_rows(args: argparse.Namespace) -> None:
-    """SmolLM2-135M on prompts of about each ``--prompts`` length: the run's own prediction of
-    its TTFT and decode tok/s beside its measurement."""
+    """SmolLM2-135M on prompts of about each ``--prompts`` length, and with
+    ``--prompt-demos`` the 60M Llama and GPT-2 demos (float16) on those up to
+    ``DEMO_PROMPT_LIMIT`` tokens: each run's own prediction of its TTFT and decode tok/s beside
+    its measurement."""
+    lengths = [int(t) for t in args.prompts.split(",")]
+    models = []
     folder = _smollm2("prompt rows")
-    if folder is None:
-        return
-    print(f"\n{'SmolLM2-135M prompt':22s} {'TTFT measured':>14s} {'predicted':>18s} "
-          f"{'measured tok/s':>15s} {'predicted':>18s}")  # fmt: skip
-    for tokens in (int(t) for t in args.prompts.split(",")):
-        prompt = SENTENCE * max(1, round(tokens / SENTENCE_TOKENS))
-        run = _measured(folder, args.new_tokens, args.rounds, prompt=prompt)
-        speed, ttft = _against_prediction(run)
-        print(f"{run['prompt_tokens']:>8d} tokens{'':8s} {ttft} {speed}")
+    if folder is not None:
+        models.append(("SmolLM2-135M", folder, lengths))
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.prompt_demos:
+            short = [tokens for tokens in lengths if tokens <= DEMO_PROMPT_LIMIT]
+            for label, arch in (("Llama demo 60M fp16", "llama"), ("GPT-2 demo 60M fp16", "gpt2")):
+                models.append((label, make_demo(Path(tmp) / arch, arch=arch, params="60M"), short))
+        for label, model_folder, model_lengths in models:
+            print(f"\n{label + ' prompt':22s} {'TTFT measured':>14s} {'predicted':>18s} "
+                  f"{'measured tok/s':>15s} {'predicted':>18s}")  # fmt: skip
+            for tokens in model_lengths:
+                prompt = SENTENCE * max(1, round(tokens / SENTENCE_TOKENS))
+                run = _measured(model_folder, args.new_tokens, args.rounds, prompt=prompt)
+                speed, ttft = _against_prediction(run)
+                print(f"{run['prompt_tokens']:>8d} tokens{'':8s} {ttft} {speed}")
 
 
 def _smollm2(rows: str) -> Path | None:
