@@ -173,9 +173,18 @@ def _prompt_rows(args: argparse.Namespace) -> None:
                   f"{'measured tok/s':>15s} {'predicted':>18s}")  # fmt: skip
             for tokens in model_lengths:
                 prompt = SENTENCE * max(1, round(tokens / SENTENCE_TOKENS))
-                run = _measured(model_folder, args.new_tokens, args.rounds, prompt=prompt)
+                try:
+                    run = _measured(model_folder, args.new_tokens, args.rounds, prompt=prompt)
+                except subprocess.CalledProcessError as exc:  # e.g. beyond the model's context
+                    print(f"{'~' + str(tokens):>8s} tokens: not run ({_last_line(exc.stderr)})")
+                    continue
                 speed, ttft = _against_prediction(run)
                 print(f"{run['prompt_tokens']:>8d} tokens{'':8s} {ttft} {speed}")
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no message"
 
 
 def _smollm2(rows: str) -> Path | None:
