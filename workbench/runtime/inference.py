@@ -43,6 +43,7 @@ from workbench.runtime.model_inputs import (
     SYNTHETIC_SEED,
     ModelInputs,
     accepts,
+    check_positions,
     prepare_input_ids,
     prepare_inputs,
 )
@@ -254,6 +255,7 @@ def run_inference(
     recorder = TransferRecorder()
     model = loaded.model
     generate = loaded.summary.is_causal_lm and inputs.text and request.max_new_tokens > 0
+    check_positions(loaded, prompt_tokens, request.max_new_tokens if generate else 0)
     stop_ids = stop_token_ids(model, loaded.tokenizer) if request.messages else frozenset()
     emit(Phase(rid, "generating" if generate else "forward"))
     new_ids: list[int] = []

@@ -112,6 +112,48 @@ def prepare_inputs(loaded: Any, prompt: str | None, synthetic_tokens: int) -> Mo
     )
 
 
+def learned_position_limit(model: torch.nn.Module) -> int | None:
+    """The positions a model's learned position embedding has (GPT-2's ``wpe``, BERT's
+    ``position_embeddings``): an ``nn.Embedding`` other than its input embedding with
+    ``max_position_embeddings`` rows. ``None`` for rotary and other computed positions, which
+    run past the configured length (less well) where a learned table has no row to look up."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    words = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    for module in model.modules():
+        if (
+            isinstance(module, torch.nn.Embedding)
+            and module is not words
+            and module.num_embeddings == limit
+        ):
+            return limit
+    return None
+
+
+def check_positions(loaded: Any, prompt_tokens: int, new_tokens: int = 0) -> None:
+    """Refuse a run whose prompt and generated tokens need more positions than the model's
+    learned position embedding has (``learned_position_limit``): its forward would fail deep
+    in the model with "index out of range in self".
+
+    Raises:
+        BadInputError: naming the model, both counts and the limit.
+    """
+    limit = learned_position_limit(loaded.model)
+    needed = prompt_tokens + max(new_tokens - 1, 0)  # the last token is never fed back
+    if limit is None or needed <= limit:
+        return
+    what = getattr(getattr(loaded, "opened", None), "source", None) or type(loaded.model).__name__
+    asked = f"the prompt's {prompt_tokens} tokens"
+    if new_tokens:
+        asked += f" and {new_tokens} new ones"
+    raise BadInputError(
+        f"{what}: {asked} need {needed} positions, but the model has learned position "
+        f"embeddings for {limit} (max_position_embeddings); shorten the prompt"
+        + (" or ask for fewer new tokens" if new_tokens else "")
+    )
+
+
 def synthetic_shape(name: str, config: Any) -> tuple[int, ...]:
     """The shape of a one-sample synthetic ``name`` input for a model with ``config``.
 

@@ -23,7 +23,12 @@ import torch
 from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
 from workbench.runtime.inference import execution_device, generate_tokens
-from workbench.runtime.model_inputs import ModelInputs, model_dtype, prepare_inputs
+from workbench.runtime.model_inputs import (
+    ModelInputs,
+    check_positions,
+    model_dtype,
+    prepare_inputs,
+)
 from workbench.runtime.protocol import Event, Phase, Sampling, Verify, VerifyResult
 from workbench.runtime.sampling import TokenPicker
 from workbench.runtime.verify_compare import compare_outputs, forward_kwargs
@@ -159,6 +164,8 @@ def run_verify(
         return run_verify_layers(loaded, request, token, emit)
     rid = request.request_id
     inputs = prepare_inputs(loaded, request.prompt, request.synthetic_tokens)
+    generates = request.greedy_tokens > 0 and inputs.text and loaded.summary.is_causal_lm
+    check_positions(loaded, inputs.tokens, request.greedy_tokens if generates else 0)
     emit(Phase(rid, "verify: dispatched forward"))
     start_s = time.perf_counter()
     with torch.inference_mode():

@@ -23,7 +23,12 @@ from workbench.big_modeling.errors import BadInputError
 from workbench.big_modeling.progress import CancelToken
 from workbench.models import open_model
 from workbench.runtime.inference import execution_device
-from workbench.runtime.model_inputs import ModelInputs, model_dtype, prepare_inputs
+from workbench.runtime.model_inputs import (
+    ModelInputs,
+    check_positions,
+    model_dtype,
+    prepare_inputs,
+)
 from workbench.runtime.protocol import Event, Phase, Verify, VerifyResult
 from workbench.runtime.verify_compare import compare_outputs, forward_kwargs
 
@@ -165,6 +170,7 @@ def run_verify_layers(
     blocks = set(getattr(loaded.opened, "no_split_modules", None) or [])
     units = verification_units(model, blocks)
     inputs = prepare_inputs(loaded, request.prompt, request.synthetic_tokens)
+    check_positions(loaded, inputs.tokens)
     emit(Phase(rid, "verify: recording units"))
     records = record_units(model, units, inputs.to(execution_device(loaded.device_map)))
     token.raise_if_cancelled()
