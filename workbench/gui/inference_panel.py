@@ -47,6 +47,7 @@ from PySide6.QtWidgets import (
 from workbench.gui.bridge import WorkerBridge
 from workbench.gui.chat_view import ChatView
 from workbench.gui.colors import FAIL_HEX
+from workbench.gui.elided_label import ElidedLabel
 from workbench.gui.inference_figures import (
     STOP_REASONS,
     figures_with_predictions,
@@ -175,8 +176,8 @@ class InferencePanel(QWidget):
         self.verify_label = QLabel("not verified", self)
         self.verify_label.setObjectName("verifyLabel")
         self.verify_label.setTextFormat(Qt.TextFormat.RichText)
-        self.status_label = QLabel("load a model to run it", self)
-        # a long failure message must not widen the panel: it is cut, and whole in the tooltip
+        self.status_label = ElidedLabel("load a model to run it", self)
+        # a long failure message must not widen the panel: its start shows, whole in the tooltip
         self.status_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.status_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.layer_caption = QLabel("no finished run yet", self)
