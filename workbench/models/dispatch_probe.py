@@ -74,6 +74,8 @@ __all__ = [
     "leaf_module_count",
     "measure_dispatch_overhead",
     "measure_dispatch_overhead_apart",
+    "measure_elementwise_seconds",
+    "random_llama",
     "skip_matmul",
 ]
 
@@ -254,32 +256,40 @@ def measure_elementwise_seconds(repeats: int = 5) -> float:
 def _wide_model(layers: int) -> nn.Module:
     """A random ``ELEMENTWISE_WIDTH``-wide bfloat16 Llama of ``layers`` layers whose Linears
     and attention compute nothing (``skip_matmul``, ``NO_ATTENTION``)."""
+    model = random_llama(torch.bfloat16, ELEMENTWISE_WIDTH, layers)
+    model.config._attn_implementation = NO_ATTENTION
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            skip_matmul(module)
+    return model
+
+
+def random_llama(dtype: torch.dtype, width: int, layers: int) -> torch.nn.Module:
+    """A random ``width``-wide, ``layers``-layer Llama in ``dtype`` (64-wide heads, 3 query
+    heads per K/V head, an MLP 8/3 as wide): the model the matmul probe's context term and the
+    elementwise probe time."""
     from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 (slow import)
 
-    width = ELEMENTWISE_WIDTH
     config = LlamaConfig(
         hidden_size=width,
         intermediate_size=width * 8 // 3,
-        num_attention_heads=width // 64,
-        num_key_value_heads=max(width // 192, 1),
+        num_attention_heads=max(1, width // 64),
+        num_key_value_heads=max(1, width // 192),
         num_hidden_layers=layers,
-        vocab_size=128,
+        vocab_size=256,
         tie_word_embeddings=False,
     )
-    config._attn_implementation = NO_ATTENTION
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    model = model.to_empty(device="cpu").to(torch.bfloat16).eval()
+    model = model.to_empty(device="cpu").to(dtype).eval()
+    generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter.fill_(0.01)
+            parameter.normal_(0.0, 0.02, generator=generator)
         head = config.head_dim
         model.model.rotary_emb.inv_freq.copy_(
             1.0 / (10000 ** (torch.arange(0, head, 2, dtype=torch.float32) / head))
         )
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            skip_matmul(module)
     return model
 
 

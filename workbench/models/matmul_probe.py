@@ -74,7 +74,7 @@ import torch
 from workbench.big_modeling.dtypes import to_dtype
 from workbench.models.cache_dirs import cached_probe, workbench_cache_dir
 from workbench.models.device_probe import MIB, cpu_kernel_cache_key
-from workbench.models.dispatch_probe import skip_matmul
+from workbench.models.dispatch_probe import random_llama, skip_matmul
 from workbench.models.forward_arguments import cache_argument
 from workbench.models.machine_load import OtherLoad
 from workbench.models.probe_process import measure_apart, probe_main
@@ -266,25 +266,8 @@ def measure_matmul_curve(
                 nbytes = {index: weight.nbytes for index, weight, _ in stream}
                 del stream
                 table[name] = [[float(nbytes[i]), each] for i, each in enumerate(seconds)]
-    prefill_rows, transposed_rows = (
-        {  # the last row count is PREFILL_ROWS: prefill_flops is its rate
-            name: [
-                [
-                    float(rows),
-                    measure_prefill_flops(
-                        (name,),
-                        rows=rows,
-                        side=TRANSPOSED_PREFILL_SIDE if transposed else PREFILL_SIDE,
-                        repeats=repeats,
-                        transposed=transposed,
-                    )[name],
-                ]
-                for rows in PREFILL_ROW_POINTS
-            ]
-            for name in dtypes
-        }
-        for transposed in (False, True)
-    )
+    prefill_rows = {name: _row_rates(name, repeats) for name in dtypes}
+    transposed_rows = {name: _row_rates(name, repeats, transposed=True) for name in dtypes}
     return MatmulCurve(
         points=points,
         threads=torch.get_num_threads(),
@@ -296,33 +279,6 @@ def measure_matmul_curve(
         prefill_rows_flops=prefill_rows,
         transposed_prefill_rows_flops=transposed_rows,
     )
-
-
-def _context_model(dtype: torch.dtype, width: int, layers: int) -> torch.nn.Module:
-    """A random ``width``-wide, ``layers``-layer Llama in ``dtype`` (64-wide heads)."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 (slow import)
-
-    config = LlamaConfig(
-        hidden_size=width,
-        intermediate_size=width * 8 // 3,
-        num_attention_heads=max(1, width // 64),
-        num_key_value_heads=max(1, width // 192),
-        num_hidden_layers=layers,
-        vocab_size=256,
-        tie_word_embeddings=False,
-    )
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model = model.to_empty(device="cpu").to(dtype).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.02, generator=generator)
-        head = config.head_dim
-        model.model.rotary_emb.inv_freq.copy_(
-            1.0 / (10000 ** (torch.arange(0, head, 2, dtype=torch.float32) / head))
-        )
-    return model
 
 
 def _decode_step_s(model: torch.nn.Module, steps: int) -> float:
@@ -357,7 +313,7 @@ def measure_context_seconds(
     seconds: dict[str, float] = {}
     with torch.inference_mode():
         for name in dtypes:
-            model = _context_model(to_dtype(name), width, layers)
+            model = random_llama(to_dtype(name), width, layers)
             linears = [
                 module
                 for module_name, module in model.named_modules()
@@ -394,6 +350,21 @@ def measure_context_seconds(
             seconds[name] = max(added, 0.0) / len(linears)
             del model, linears, inputs
     return seconds
+
+
+def _row_rates(name: str, repeats: int, *, transposed: bool = False) -> list[list[float]]:
+    """``[[rows, FLOP/s], ...]`` of ``name``'s prefill matmul at ``PREFILL_ROW_POINTS`` (the
+    last is ``PREFILL_ROWS``: ``prefill_flops`` is its rate), on the layout's probe weight."""
+    side = TRANSPOSED_PREFILL_SIDE if transposed else PREFILL_SIDE
+    return [
+        [
+            float(rows),
+            measure_prefill_flops(
+                (name,), rows=rows, side=side, repeats=repeats, transposed=transposed
+            )[name],
+        ]
+        for rows in PREFILL_ROW_POINTS
+    ]
 
 
 def measure_prefill_flops(

@@ -576,12 +576,7 @@ def _transposed_share(tree: ModuleTree, unit: ModuleNode) -> float:
     total = _param_count(unit, tree)
     if total <= 0:
         return 0.0
-    nodes, stack = [], [unit]
-    while stack:  # a block's modules; outside the blocks, the module itself
-        node = stack.pop()
-        nodes.append(node)
-        if unit.no_split:
-            stack.extend(node.children)
+    nodes = _unit_modules(unit) if unit.no_split else [unit]
     transposed = sum(node.param_count for node in nodes if node.class_name == "Conv1D")
     return min(transposed / total, 1.0)
 
@@ -716,14 +711,17 @@ def _module_calls(unit: ModuleNode) -> int:
     """The module calls one forward makes in a layer: a block's leaf modules, else one."""
     if not unit.no_split:
         return 1
-    calls = 0
-    stack = [unit]
+    return sum(1 for node in _unit_modules(unit) if not node.children)
+
+
+def _unit_modules(unit: ModuleNode) -> list[ModuleNode]:
+    """``unit`` and every module under it."""
+    nodes, stack = [], [unit]
     while stack:
         node = stack.pop()
-        if not node.children:
-            calls += 1
+        nodes.append(node)
         stack.extend(node.children)
-    return calls
+    return nodes
 
 
 def _bottleneck(

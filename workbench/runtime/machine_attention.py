@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTENTION_ESTIMATED",
-    "attention_inputs",
     "predict_on_screen",
     "predict_with_attention",
 ]
@@ -55,15 +54,6 @@ def _attention_lookup(
     return layout, len({shape.key for shape in shapes}), times
 
 
-def attention_inputs(
-    opened: OpenedModel | None, profile: HardwareProfile, tree: ModuleTree | None = None
-) -> dict[str, Any]:
-    """``predict_speed``'s ``attention`` and ``attention_times`` for ``opened`` on ``profile``
-    (``_attention_lookup``): the layout, and the cached times of its shapes on this machine."""
-    layout, _, times = _attention_lookup(opened, profile, tree)
-    return {"attention": layout, "attention_times": times}
-
-
 def predict_with_attention(
     opened: OpenedModel | None,
     tree: ModuleTree,
@@ -72,7 +62,8 @@ def predict_with_attention(
     **options: Any,
 ) -> SpeedPrediction:
     """``predict_speed(tree, device_map, profile, **options)`` with ``opened``'s attention
-    (``attention_inputs``): what the window predicts for the map on screen."""
+    layout and, on this machine, its cached attention times (``predict_on_screen`` without
+    the estimated flag)."""
     return predict_on_screen(opened, tree, device_map, profile, **options)[0]
 
 
