@@ -52,6 +52,17 @@ def test_columns_show_names_sizes_devices_and_flags(tiny_opened) -> None:
     assert model.index(block.row(), DEVICE_COLUMN, block.parent()).data() == "cpu"
 
 
+def test_a_tied_output_layer_says_where_its_weight_is_counted(tiny_opened) -> None:
+    """The head reads 0 parameters and 0 B: its weight is the embedding's, counted there."""
+    model = ModuleTreeModel()
+    model.set_tree(tiny_opened.tree, {"": "cpu"})
+    head = model.index_of("head")
+    assert model.index(head.row(), SIZE_COLUMN).data() == "0 B"
+    tip = head.data(Qt.ItemDataRole.ToolTipRole)
+    assert "head.weight is embed.weight: counted once, in embed (512 B)" in tip
+    assert "counted once" not in model.index_of("embed").data(Qt.ItemDataRole.ToolTipRole)
+
+
 def test_device_column_follows_map_changes_and_marks_split_parents(tiny_opened) -> None:
     model = ModuleTreeModel()
     model.set_tree(tiny_opened.tree, {"": "cpu"})

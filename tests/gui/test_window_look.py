@@ -267,10 +267,13 @@ def test_detected_hardware_gives_this_machines_cpu_budget(qtbot, clean_settings)
         window.close()
 
 
+@pytest.mark.parametrize("width", [1400, 1440, 1600])
 def test_first_run_planner_dock_shows_the_whole_form_without_sideways_scrolling(
-    qtbot: Any, main_window: Any
+    qtbot: Any, main_window: Any, width: int
 ) -> None:
-    main_window.resize(1600, 900)
+    """1440: the first-run window on a 1600 x 1000 screen (nine tenths), where the form
+    needed 535 px of a 480 px dock and its right edge was cut (Xvfb, stop 38)."""
+    main_window.resize(width, 900)
     main_window._default_dock_sizes()
     scroll = main_window.planner_dock.widget()
     qtbot.waitUntil(
@@ -278,4 +281,4 @@ def test_first_run_planner_dock_shows_the_whole_form_without_sideways_scrolling(
     )
     assert not scroll.horizontalScrollBar().isVisible()
     # narrow enough that the tree and the lanes keep most of the window
-    assert main_window.planner_panel.minimumSizeHint().width() <= 1600 // 3
+    assert main_window.planner_panel.minimumSizeHint().width() <= width // 3

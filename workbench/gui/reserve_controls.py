@@ -128,18 +128,19 @@ class ReserveControls(QWidget):
         self.reserve_gib.valueChanged.connect(self._on_control_changed)
 
     def _build_layout(self) -> None:
-        # narrow: the planner dock sits beside the tree and the lanes
+        # narrow: the planner dock sits beside the tree and the lanes (a third of a 1440 px
+        # window); the memory model's fields sit under its button, two to a row
         grid = QGridLayout()
         grid.setContentsMargins(0, 0, 0, 0)
-        grid.addWidget(self.by_model, 0, 0)
-        grid.addWidget(self.batch_spin, 0, 1)
-        grid.addWidget(self.context_spin, 0, 2)
-        grid.addWidget(self.kv_dtype_combo, 1, 1)
-        grid.addWidget(self.context_cap_spin, 1, 2)
-        grid.addWidget(self.kv_engine_combo, 2, 1)
-        grid.addWidget(self.prefill_spin, 2, 2)  # the token counts share a column
-        grid.addWidget(self.by_bytes, 3, 0)
-        grid.addWidget(self.reserve_gib, 3, 1)
+        grid.addWidget(self.by_model, 0, 0, 1, 2)
+        grid.addWidget(self.batch_spin, 1, 0)
+        grid.addWidget(self.context_spin, 1, 1)
+        grid.addWidget(self.kv_dtype_combo, 2, 0)
+        grid.addWidget(self.context_cap_spin, 2, 1)
+        grid.addWidget(self.kv_engine_combo, 3, 0)
+        grid.addWidget(self.prefill_spin, 3, 1)  # the token counts share a column
+        grid.addWidget(self.by_bytes, 4, 0)
+        grid.addWidget(self.reserve_gib, 4, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)

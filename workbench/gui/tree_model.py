@@ -373,12 +373,32 @@ class ModuleTreeModel(QAbstractItemModel):
                 }
             )
             lines.append(f"tied: {', '.join(partners)} move together")
+            lines.extend(self._counted_elsewhere(node))
         reason, current = None, node if self._trace_shown else None
         while reason is None and current is not None:  # a placed parent explains its children
             reason, current = self._trace.get(current.name), current.parent
         if reason:
             lines.append(f"<i>planner:</i> {reason}")
         return "<br>".join(lines)
+
+    def _counted_elsewhere(self, node: ModuleNode) -> list[str]:
+        """A line per tensor of ``node`` that is another module's (tied), whose parameters
+        and bytes the tree counts once, at that module: why a tied output layer reads 0."""
+        tree = self._tree
+        if tree is None:
+            return []
+        lines = []
+        for group in tree.tied_groups:
+            counted = [name for name in group if name in tree.tensor_nbytes]
+            for name in group:
+                if name in counted or tree.tensor_owner.get(name) != node.name or not counted:
+                    continue
+                owner = tree.tensor_owner.get(counted[0], "")
+                lines.append(
+                    f"{name} is {counted[0]}: counted once, in {owner or '(whole model)'}"
+                    f" ({format_nbytes(tree.tensor_nbytes[counted[0]])})"
+                )
+        return lines
 
     # --- drag -------------------------------------------------------------------------------
 
