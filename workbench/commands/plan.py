@@ -156,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
         load_profile,
         profile_for_budgets,
     )
-    from workbench.models.speed import predict_speed  # noqa: PLC0415 (torch: not at CLI start)
     from workbench.runtime import save_device_map  # noqa: PLC0415 (torch: not at CLI start)
+    from workbench.runtime.machine_attention import predict_with_attention  # noqa: PLC0415 (torch: not at CLI start)
     from workbench.runtime.planning import (  # noqa: PLC0415 (torch: not at CLI start)
         AttentionKindWarning,
         attention_layout,
@@ -205,8 +205,9 @@ def run(args: argparse.Namespace) -> int:
     plan = as_plan_result(plan, joint) if joint else plan
     if args.output:
         save_device_map(args.output, plan.device_map)
-    prediction = predict_speed(
+    prediction = predict_with_attention(  # this CPU's timed attention, as the window counts it
         opened,
+        opened.tree,
         plan.device_map,
         speed_profile,
         prefetch=not args.no_prefetch,

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTENTION_ESTIMATED",
+    "attention_lookup",
     "predict_on_screen",
     "predict_with_attention",
 ]
@@ -39,7 +40,7 @@ ATTENTION_ESTIMATED = (
 """Said beside a prediction for this machine whose CPU attention shapes are not timed yet."""
 
 
-def _attention_lookup(
+def attention_lookup(
     opened: OpenedModel | None, profile: HardwareProfile, tree: ModuleTree | None
 ) -> tuple[Any, int, dict[str, Any]]:
     """``opened``'s attention layout (``None`` without a readable config), and when
@@ -81,7 +82,7 @@ def predict_on_screen(
     60M float16 Llama at 114 tok/s where it was 81.5 with its attention timed). What the
     window's Predicted line and the fit table's cells show, and whether they say
     ``ATTENTION_ESTIMATED``."""
-    layout, shapes, times = _attention_lookup(opened, profile, tree)
+    layout, shapes, times = attention_lookup(opened, profile, tree)
     prediction = predict_speed(
         tree, device_map, profile, **options, attention=layout, attention_times=times
     )

@@ -22,9 +22,9 @@ from workbench.big_modeling.quantization.prequantized import (
 )
 from workbench.models.hardware import HardwareProfile
 from workbench.models.intake import read_config
-from workbench.models.speed import SpeedPrediction, predict_speed
+from workbench.models.speed import SpeedPrediction
 from workbench.models.tree import ModuleTree, build_module_tree
-from workbench.runtime.planning import attention_layout_or_none
+from workbench.runtime.machine_attention import predict_with_attention
 
 if TYPE_CHECKING:
     from workbench.models.intake import OpenedModel
@@ -109,13 +109,13 @@ def plan_prequantized(
         reserve=dict(reserve) if reserve else None,
         module_sizes=stored.module_sizes(),
     )
-    prediction = predict_speed(
+    prediction = predict_with_attention(
+        opened,
         stored.tree,
         plan.device_map,
         profile,
         prefetch=prefetch,
         prompt_tokens=prompt_tokens,
-        attention=attention_layout_or_none(opened),
     )
     return PrequantizedPlanning(stored, plan, prediction)
 
