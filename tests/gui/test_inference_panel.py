@@ -530,3 +530,26 @@ def test_a_model_that_generates_nothing_shows_its_forward_time(qtbot, panel, cap
         for m in messages
     ), messages
     assert not any("tok/s" in m for m in messages)
+
+
+def test_a_new_load_clears_the_figures_of_a_run_on_the_load_before(qtbot, panel) -> None:
+    """Reloaded (in nf4, say), the panel showed the bfloat16 run's TTFT and tok/s under the new
+    load's name; the figures, the verdict and the layers wait for a run on this load, and the
+    run history keeps the earlier run."""
+    from workbench.runtime.protocol import LoadSummary
+
+    panel.units = ["embed", "layers.0", "layers.1"]
+    panel.run_button.click()
+    with qtbot.waitSignal(panel.run_finished, timeout=5000):
+        panel.bridge.host.play(_result(1))
+    assert panel.rate_label.text() == "12.5 tok/s (predicted 10 tok/s)"
+    assert panel.layer_table.rowCount() == 3
+    summary = LoadSummary(
+        "/cache/demo-llama-60m", "LlamaForCausalLM", MAP_B, {}, 1.0, 1, True, True
+    )
+    panel.bridge.host.play(Result(99, "load", summary))
+    qtbot.waitUntil(lambda: panel.loaded_summary is not None, timeout=5000)
+    labels = (panel.ttft_label, panel.rate_label, panel.tokens_label)
+    assert [label.text() for label in labels] == ["—", "—", "—"]
+    assert panel.layer_table.rowCount() == 0 and panel.output_edit.toPlainText() == ""
+    assert panel.history.model.rowCount() == 1

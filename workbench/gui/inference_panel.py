@@ -331,11 +331,11 @@ class InferencePanel(QWidget):
 
     def _on_model_loaded(self, summary: LoadSummary) -> None:
         """A model was loaded: Chat when it has a chat template, Raw prompt otherwise; a new
-        chat (the turns were with another model)."""
+        chat, and no figures until a run on this load (the turns, the figures and the verdict
+        shown were another load's: reloaded in nf4, the panel kept the bfloat16 run's TTFT and
+        tok/s under the new load's name). A run in flight was for the load before."""
         self.loaded_summary = summary
-        if self.busy:  # the run in flight was for the model loaded before
-            self._stale = True
-            self._clear_verify()
+        self.clear_results()
         self.ttft_title.setText(TTFT_TITLE if summary.is_causal_lm else FORWARD_TITLE)
         can_chat = summary.is_causal_lm and summary.has_tokenizer
         item = self.mode_combo.model().item(self.mode_combo.findData(CHAT))
@@ -343,7 +343,6 @@ class InferencePanel(QWidget):
             item.setEnabled(can_chat)
             item.setToolTip("" if can_chat else "this model takes no chat (no tokenizer or no LM)")
         self.chat_view.set_template(summary.chat_template)
-        self.chat_view.clear()
         chat = can_chat and summary.chat_template
         if chat and self.prompt_edit.toPlainText() == RAW_DEFAULT_PROMPT:
             self.prompt_edit.setPlainText(CHAT_DEFAULT_MESSAGE)
