@@ -33,7 +33,15 @@ def test_compare_fills_the_table_and_apply_is_one_undo_step(qtbot, tiny_window) 
     first = panel.trace_view.topLevelItem(0)
     assert first is not None and first.toolTip(0) == first.text(3) and first.text(3)
     before = dict(window.session.device_map)
+    panel.table.setCurrentCell(0, 0)  # auto's trace shows
     assert panel.apply("sequential")
+    # the applied plan's column and trace show, not the one looked at before
+    assert panel.table.currentColumn() == 3
+    shown = [
+        panel.trace_view.topLevelItem(i).text(3)
+        for i in range(panel.trace_view.topLevelItemCount())
+    ]
+    assert shown == [p.reason for p in sequential.plan.trace][: len(shown)] and shown
     assert window.session.device_map == sequential.plan.device_map
     assert window.session.budgets == budgets
     # the budget edit, then the plan: each one undo step

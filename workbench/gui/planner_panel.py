@@ -547,6 +547,12 @@ class PlannerPanel(QWidget):
         self.pareto_view.show()
         return self.pareto_view
 
+    def _select(self, strategy: str) -> None:
+        """Make ``strategy``'s column the table's current one (its trace shows below)."""
+        columns = [candidate.strategy for candidate in self.candidates]
+        if strategy in columns:
+            self.table.setCurrentCell(max(self.table.currentRow(), 0), columns.index(strategy))
+
     def candidate(self, strategy: str) -> Candidate | None:
         comparison = self.comparison
         return None if comparison is None else comparison.candidate(strategy)
@@ -564,6 +570,7 @@ class PlannerPanel(QWidget):
         if stale is not None:
             window.statusBar().showMessage(f"Cannot apply the {strategy} plan: {stale}", 8000)
             return False
+        self._select(strategy)  # its column and its trace: what the lanes now show
         if candidate.joint is not None:  # precisions and map together, one undo step
             return apply_joint(window, candidate, self._request.budgets)
         if self._request.memory is None:
