@@ -103,6 +103,33 @@ def test_disk_tier_writes_only_cast_weights(
     assert model.blocks[1].up.weight.dtype == torch.float16
 
 
+def test_a_tied_weight_cast_to_disk_takes_its_bytes_once(
+    sharded_ckpt: Path, reference_model: TinyNet, tmp_path: Path
+) -> None:
+    """The embedding and the head share one tensor: each name keeps its own ``.dat`` file (the
+    folder format), hard links of one file, written once (it was written twice: SmolLM2-135M's
+    tied embedding took 113 MiB a name in float32)."""
+    import os
+
+    from workbench.big_modeling.offload.folder import raw_weight_path
+
+    folder = tmp_path / "off"
+    tied_on_disk = {**DISK_MAP, "embed": "disk", "head": "disk"}
+    result = load_checkpoint_in_model(
+        empty_model(), sharded_ckpt, device_map=tied_on_disk, offload_folder=folder,
+        dtype=torch.float16,
+    )  # fmt: skip
+    embed, head = (raw_weight_path(folder, name).stat() for name in ("embed.weight", "head.weight"))
+    assert (embed.st_dev, embed.st_ino) == (head.st_dev, head.st_ino) and embed.st_nlink == 2
+    # 16 x 8 float16 once, plus blocks.1 and blocks.2 (624 elements, as in the test above)
+    assert result.offload_nbytes_written == (16 * 8 + 624) * 2
+    weights = OffloadedWeightsLoader(save_folder=folder)
+    expected = reference_model.embed.weight.to(torch.float16)
+    assert torch.equal(weights["embed.weight"], expected)
+    assert torch.equal(weights["head.weight"], expected)
+    assert not [name for name in os.listdir(folder) if name.endswith(".tmp")]
+
+
 def test_buffers_offloaded_with_offload_buffers(
     sharded_ckpt: Path, reference_model: TinyNet, tmp_path: Path
 ) -> None:

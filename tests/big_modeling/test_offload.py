@@ -111,6 +111,26 @@ def test_offload_state_dict_merges_into_existing_index(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.dat", "b.dat", "index.json"]
 
 
+def test_a_tied_tensor_is_written_once_under_each_of_its_names(tmp_path: Path) -> None:
+    """Tied names (one tensor in the state dict twice) get hard links of one file: the folder
+    format keeps a file per name, the disk holds the bytes once."""
+    embed = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    before = disk_bytes_written()
+    written = offload_state_dict(tmp_path, {"embed.weight": embed, "head.weight": embed})
+    assert written["head.weight"] == {"dtype": "float32", "shape": [3, 4]}
+    assert disk_bytes_written() - before == 48  # once
+    first, second = ((tmp_path / f"{name}.weight.dat").stat() for name in ("embed", "head"))
+    assert first.st_ino == second.st_ino and first.st_nlink == 2
+    weights = OffloadedWeightsLoader(save_folder=tmp_path)
+    assert torch.equal(weights["head.weight"], embed) and torch.equal(
+        weights["embed.weight"], embed
+    )
+    # a view of other bytes of the same storage is another tensor
+    offload_state_dict(tmp_path / "views", {"a": embed[0], "b": embed[1]})
+    a, b = ((tmp_path / "views" / f"{name}.dat").stat() for name in "ab")
+    assert a.st_ino != b.st_ino
+
+
 def test_progress_and_bytes_written_counter(tmp_path: Path) -> None:
     reports: list[LoadProgress] = []
     before = disk_bytes_written()
@@ -388,3 +408,33 @@ def test_a_failed_swap_puts_every_replaced_file_back(tmp_path: Path, monkeypatch
     for name, tensor in old.items():
         torch.testing.assert_close(loader[name], tensor, rtol=0, atol=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.dat", "b.dat", "c.dat", "index.json"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_a_pointer_into_a_safetensors_file_is_read_from_its_memory_map(tmp_path: Path) -> None:
+    """Zero copy, as a raw ``.dat`` entry (safetensors maps the file): the tensor lies in a
+    mapping of the checkpoint file, file-backed pages the kernel may reclaim, which is how the
+    memory model counts a disk weight that runs on the CPU, not a fresh anonymous copy."""
+    weights = {"a": torch.arange(4096, dtype=torch.float32), "b": torch.ones(3, 5)}
+    checkpoint = tmp_path / "model.safetensors"
+    save_file(weights, str(checkpoint))
+    index = {
+        name: {
+            "dtype": "float32",
+            "shape": list(tensor.shape),
+            "safetensors_file": str(checkpoint),
+            "weight_name": name,
+        }
+        for name, tensor in weights.items()
+    }
+    loader = OffloadedWeightsLoader(index=index)
+    for name, tensor in weights.items():
+        read = loader[name]
+        assert torch.equal(read, tensor)
+        address = read.data_ptr()
+        spans = [
+            tuple(int(bound, 16) for bound in line.split()[0].split("-"))
+            for line in Path("/proc/self/maps").read_text().splitlines()
+            if line.endswith(str(checkpoint))
+        ]
+        assert any(start <= address < end for start, end in spans), name

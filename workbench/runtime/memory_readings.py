@@ -288,7 +288,10 @@ def file_mapped_bytes(ranges: list[tuple[int, int]], maps_path: str = _MAPS) -> 
 
 def offloaded_file_bytes(model: nn.Module) -> int:
     """Bytes of the disk-offloaded weights: their ``.dat`` files in the offload folder (an
-    entry pointing into a safetensors checkpoint counts its tensor's bytes there)."""
+    entry pointing into a safetensors checkpoint counts its tensor's bytes there), each once:
+    a tied weight's names point at the same checkpoint tensor, or at hard links of one file
+    (SmolLM2-135M all on disk measured 311 MiB, its 54 MiB tied embedding twice, against the
+    257 MiB the disk holds)."""
     loaders: dict[int, OffloadedWeightsLoader] = {}
     for module in model.modules():
         hook = getattr(module, "_hf_hook", None)
@@ -298,17 +301,19 @@ def offloaded_file_bytes(model: nn.Module) -> int:
                 weights = weights.dataset
             if isinstance(weights, OffloadedWeightsLoader):
                 loaders.setdefault(id(weights), weights)
-    total = 0
+    counted: dict[tuple[object, ...], int] = {}
     for loader in loaders.values():
         for key, info in loader.index.items():
             if key in loader.state_dict or "torchao" in info:  # a packed weight's bytes are
                 continue  # its inner entries (pointers into the packed safetensors file)
             if "safetensors_file" in info or loader.save_folder is None:
                 itemsize = torch.empty((), dtype=_dtype_of(info["dtype"])).element_size()
-                total += itemsize * _numel(info["shape"])
+                where = (info.get("safetensors_file"), info.get("weight_name", key))
+                counted[where] = itemsize * _numel(info["shape"])
             else:
-                total += raw_weight_path(loader.save_folder, key).stat().st_size
-    return total
+                found = raw_weight_path(loader.save_folder, key).stat()
+                counted[found.st_dev, found.st_ino] = found.st_size
+    return sum(counted.values())
 
 
 def _dtype_of(name: str) -> torch.dtype:

@@ -385,11 +385,19 @@ def offload_state_dict(
     done_nbytes = 0
     staged: list[tuple[Path, Path]] = []
     index: dict[str, Any] = {}
+    written: dict[tuple[Any, ...], Path] = {}  # each tensor's staged file, for its tied names
     try:
         for name, tensor in state_dict.items():
             if cancel is not None:
                 cancel.raise_if_cancelled()
-            tmp, index[name] = _stage_raw_file(tensor, name, folder)
+            same = _same_tensor(tensor)
+            tmp = _link_staged(written[same], name, folder) if same in written else None
+            if tmp is None:
+                tmp, index[name] = _stage_raw_file(tensor, name, folder)
+                if same is not None:
+                    written.setdefault(same, tmp)
+            else:
+                index[name] = {"dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape)}
             staged.append((tmp, raw_weight_path(folder, name)))
             done_nbytes += tensor.numel() * tensor.element_size()
             if progress is not None:
@@ -401,6 +409,35 @@ def offload_state_dict(
         for tmp, _ in staged:
             _discard(tmp)  # no-op for files already renamed into place
     return index
+
+
+def _same_tensor(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    """What makes two names one tensor (tied weights): the same bytes of the same storage
+    seen the same way; ``None`` for a tensor without host-addressable data."""
+    if tensor.device.type == "meta" or tensor.is_sparse or tensor.is_quantized:
+        return None
+    storage = tensor.untyped_storage()
+    return (
+        tensor.device,
+        storage.data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tensor.stride(),
+        tensor.dtype,
+    )
+
+
+def _link_staged(first: Path, weight_name: str, folder: Path) -> Path | None:
+    """A staged file for ``weight_name`` that is a hard link of the staged file ``first`` (a
+    tied name: its bytes on disk once, its own file for the folder format); ``None`` where the
+    file system makes no hard links (the caller writes the bytes again)."""
+    target = raw_weight_path(folder, weight_name)
+    tmp = folder / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        os.link(first, tmp)
+    except OSError:
+        return None
+    return tmp
 
 
 def remove_offloaded_files(offload_folder: str | os.PathLike[str], names: Iterable[str]) -> int:
