@@ -217,3 +217,33 @@ def test_compute_events_are_reported_only_with_a_recorder() -> None:
     module(torch.ones(1))
     assert [(e.kind, e.module, e.nbytes) for e in events] == [("compute", "Scale", 0)]
     assert events[0].end_s >= events[0].start_s
+
+
+def _largest_allocation(run) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    return max((e.cpu_memory_usage for e in prof.events()), default=0)
+
+
+def test_an_offloaded_head_is_not_copied_for_a_last_position_input(tmp_path) -> None:
+    """A causal LM's prefill gives its output layer ``hidden[:, -1:, :]`` (contiguous, strides
+    ``(T * H, H, 1)``); matmul then broadcast the onloaded weight into a batched product and
+    copied all of it (SmolLM2-135M's 54 MiB head on disk, per prefill). The hook passes the
+    same bytes with row-major strides: nothing as large as the weight is allocated."""
+    from workbench.big_modeling import dispatch_model
+
+    torch.manual_seed(0)
+    head = nn.Linear(256, 4096, bias=False, dtype=torch.bfloat16)  # 2 MiB
+    hidden = torch.randn(1, 8, 256, dtype=torch.bfloat16)
+    expected = head(hidden[:, -1:, :]).detach()
+    model = nn.Sequential(head)
+    dispatch_model(model, {"": "disk"}, offload_dir=tmp_path)
+    weight_nbytes = 256 * 4096 * 2
+    with torch.inference_mode():
+        last = hidden[:, -1:, :]
+        assert last.stride() == (8 * 256, 256, 1)
+        out = model(last)
+        assert _largest_allocation(lambda: model(last)) < weight_nbytes // 4
+    torch.testing.assert_close(out, expected)

@@ -48,6 +48,7 @@ from workbench.big_modeling.hooks.io_moves import (
     move_args,
     move_kwargs,
     send_to_device,
+    with_row_major_strides,
 )
 from workbench.big_modeling.hooks.tensor_slots import (
     TensorSlot,
@@ -345,6 +346,8 @@ class AlignDevicesHook(ModelHook):
                 except BaseException:
                     self._release()
                     raise
+        if self._offload:  # onloaded weights: matmul copies them for oddly strided inputs
+            args = with_row_major_strides(args)
         if device is None:
             return args, kwargs
         try:
