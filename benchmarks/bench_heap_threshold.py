@@ -21,10 +21,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from cli_runs import run_workbench
 
 from workbench.models.demo import make_demo, real_demo_folder
 
@@ -39,13 +39,12 @@ def _run(folder: Path, prompt: str, dtype: str | None, new_tokens: int, policy: 
     env.pop("WORKBENCH_MMAP_THRESHOLD", None)
     if policy is not None:
         env["WORKBENCH_MMAP_THRESHOLD"] = policy
-    args = [sys.executable, "-m", "workbench", "run", str(folder), "--prompt", prompt]
-    args += ["--max-new-tokens", str(new_tokens), "--json"]
+    args = ["run", str(folder), "--prompt", prompt, "--max-new-tokens", str(new_tokens), "--json"]
     if dtype:
         args += ["--dtype", dtype]
-    done = subprocess.run(args, capture_output=True, text=True, check=False, env=env)
+    done = run_workbench(args, env=env)
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(args[:5])} failed:\n{done.stderr[-2000:]}")
+        raise SystemExit(f"workbench {' '.join(args[:2])} failed:\n{done.stderr[-2000:]}")
     report = json.loads(done.stdout)
     cpu = next(r for r in report["inference"]["memory"]["devices"] if r["device"] == "cpu")
     return {

@@ -4,7 +4,8 @@ Every case is one ``workbench run SOURCE --json`` (a fresh worker process, the p
 the GUI share): a load, then a run of ``--max-new-tokens`` tokens. Cases: demo models of three
 architectures (``make_demo``: llama, gpt2, bert) and, when its converted folder is in the cache,
 SmolLM2-135M-Instruct; each on two maps, everything on the CPU and CPU + disk (the later half
-of the decoder layers on disk), loaded as stored (fp16: a zero-copy load, the CPU weights stay
+of the decoder layers on disk), and with ``--maps ...,disk`` a third, everything on disk (a
+tied output layer on disk too), loaded as stored (fp16: a zero-copy load, the CPU weights stay
 memory-mapped from the checkpoint) and cast to float32 (the CPU weights are anonymous copies,
 the disk weights are written to the offload folder).
 
@@ -54,19 +55,19 @@ C heap's slack beyond the live blocks, which no formula of the model predicts:
   SmolLM2-135M's quantized runs are within 5% (-2.7% to -4.7%).
 
     python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
-        [--prompt-repeat 22] [--quantize nf4,int8]
+        [--prompt-repeat 22] [--quantize nf4,int8] [--maps cpu,cpu+disk,disk]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from cli_runs import run_workbench
 from torch import nn
 
 from workbench.models import make_demo, open_model
@@ -137,17 +138,18 @@ def run_case(
     quantize: str | None = None,
 ) -> dict[str, Any]:
     """``workbench run --json`` in a fresh process (``--quantize`` when given); its report."""
-    command = [sys.executable, "-m", "workbench", "run", str(source), "--prompt", prompt]
-    command += ["--max-new-tokens", str(tokens), "--json"]
+    command = ["run", str(source), "--prompt", prompt, "--max-new-tokens", str(tokens), "--json"]
     if map_file is not None:
         command += ["--device-map", str(map_file)]
     if dtype is not None:
         command += ["--dtype", dtype]
     if quantize is not None:
         command += ["--quantize", quantize]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = run_workbench(command)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"workbench {' '.join(command)} failed:\n{done.stdout}\n{done.stderr[-3000:]}"
+        )
     return json.loads(done.stdout)
 
 
@@ -205,7 +207,16 @@ def main() -> int:
         help="comma-separated precisions (nf4,int8,int4-g64): each map loaded quantized to "
         "each, instead of as stored and float32",
     )
+    parser.add_argument(
+        "--maps",
+        default="cpu,cpu+disk",
+        help="maps to load each model on: cpu, cpu+disk, disk (everything on disk, a tied "
+        "output layer's weight too)",
+    )
     args = parser.parse_args()
+    maps = args.maps.split(",")
+    if unknown := sorted(set(maps) - {"cpu", "cpu+disk", "disk"}):
+        parser.error(f"unknown maps: {', '.join(unknown)} (cpu, cpu+disk, disk)")
     cases = [(None, p) for p in args.quantize.split(",") if p] or [(None, None), ("float32", None)]
     prompt = " ".join([PROMPT] * args.prompt_repeat)
     rows: list[tuple] = []
@@ -220,7 +231,10 @@ def main() -> int:
         for name, source in sources:
             map_file = root / f"{name}-cpu-disk.json"
             map_file.write_text(json.dumps(cpu_disk_map(open_model(source).model)))
-            for map_name, path in (("cpu", None), ("cpu+disk", map_file)):
+            disk_file = root / f"{name}-disk.json"
+            disk_file.write_text(json.dumps({"": "disk"}))
+            files = {"cpu": None, "cpu+disk": map_file, "disk": disk_file}
+            for map_name, path in ((m, files[m]) for m in maps):
                 for dtype, quantize in cases:
                     report = run_case(source, path, dtype, args.max_new_tokens, prompt, quantize)
                     label = quantize or dtype or "as stored"

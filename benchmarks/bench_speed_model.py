@@ -33,10 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+
+from cli_runs import run_workbench
 
 from workbench.models.demo import make_demo, real_demo_folder
 from workbench.models.hardware import detect_hardware, with_host_probes
@@ -73,10 +74,10 @@ def _measured(
     best: dict = {}
     extra = ["--quantize", quantize] if quantize else []
     for _ in range(rounds):
-        done = subprocess.run(
-            [sys.executable, "-m", "workbench", "run", str(folder), "--prompt", prompt,
-             "--max-new-tokens", str(new_tokens), "--json", *extra],
-            capture_output=True, text=True, check=True,
+        done = run_workbench(
+            ["run", str(folder), "--prompt", prompt, "--max-new-tokens", str(new_tokens),
+             "--json", *extra],
+            check=True,
         )  # fmt: skip
         result = json.loads(done.stdout)["inference"]
         if not best or result["ttft_s"] < best["ttft_s"]:
