@@ -82,6 +82,10 @@ def test_disk_layer_reads_then_copies(toy_tree) -> None:
     # 2e6 B / 1e9 B/s from disk + 2e6 B / 5e9 B/s (pageable: half of pinned) = 2.4e-3 s
     assert prediction.per_layer[1].transfer_s == pytest.approx(2.4e-3)
     assert prediction.bottleneck == "disk"
+    # the disk's bandwidth is for cold reads: the page cache can serve them faster
+    assert "(disk-bound at cold reads, faster from the page cache, prefetch on)" in (
+        prediction.summary()
+    )
 
 
 def test_cpu_only_plan_has_no_transfers(toy_tree) -> None:

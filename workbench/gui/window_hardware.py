@@ -227,7 +227,7 @@ class WindowHardware(QObject):
             return
         name = getattr(self.profile, "name", "")
         where = "this machine" if name == DETECTED_NAME else name  # a what-if says which profile
-        how = f"{prediction.bottleneck}-bound, prefetch {'on' if prediction.prefetch else 'off'}"
+        how = prediction.how
         if name == DETECTED_NAME and not host_probes_applied(self.profile):
             how += f"; {UNMEASURED_HOST}"
         elif name == DETECTED_NAME and attention_estimated:

@@ -227,11 +227,22 @@ class SpeedPrediction:
     prefill_s: float = 0.0
     attention_s: float = 0.0
 
+    @property
+    def how(self) -> str:
+        """What bounds it and whether prefetch is on: ``"memory-bound, prefetch on"``. A
+        disk-bound prediction says its reads are cold (module docs: the page cache may hold
+        the offloaded weights, and then runs are faster: SmolLM2-135M all on disk, predicted
+        5.7 tok/s at this project's disk bandwidth, decodes at 13-17 from the page cache)."""
+        bound = f"{self.bottleneck}-bound"
+        if self.bottleneck == "disk":
+            bound += " at cold reads, faster from the page cache"
+        return f"{bound}, prefetch {'on' if self.prefetch else 'off'}"
+
     def summary(self, *, generates: bool = True) -> str:
-        """One line: ``"0.41 tok/s, TTFT 12.3 s (disk-bound, prefetch on)"``; for a model
+        """One line: ``"0.41 tok/s, TTFT 12.3 s (memory-bound, prefetch on)"``; for a model
         that generates nothing (``generates=False``, an encoder such as BERT) the forward:
         ``"one forward over 128 tokens in 0.00231 s (compute-bound, prefetch on)"``."""
-        how = f"({self.bottleneck}-bound, prefetch {'on' if self.prefetch else 'off'})"
+        how = f"({self.how})"
         if not generates:
             return f"one forward over {self.prompt_tokens} tokens in {self.prefill_s:.3g} s {how}"
         return f"{self.tokens_per_s:.3g} tok/s, TTFT {self.ttft_s:.3g} s {how}"
