@@ -54,6 +54,15 @@ C heap's slack beyond the live blocks, which no formula of the model predicts:
   8M demo's quantized run on its CPU + disk map, 3.7-5.3 MiB in all, measures -20% to -26%;
   SmolLM2-135M's quantized runs are within 5% (-2.7% to -4.7%).
 
+With ``--maps disk`` (2026-12-07): every disk row is exact (SmolLM2-135M's 256.57 MiB as
+stored, 513.13 float32; before, 310.57 and 621.13: its tied embedding counted twice, and in
+float32 written twice). The CPU rows hold only a run's KV cache and activations, 0.1-5.6 MiB
+predicted: the 8M demos measure 0.4-1.4 MiB above (the onloading hooks' per-forward
+objects and heap, -24% to -83%), SmolLM2-135M 1.0-1.8 MiB above (-25% to -31%; 58.5 MiB
+before, -90%: its 54 MiB output weight copied per prefill, ``hooks.io_moves``), and a load
+row predicts nothing on the CPU, so its 0.1-0.3 MiB reads -100%: 0 of 16 within 5%, by
+0.4-1.8 MiB at most.
+
     python benchmarks/bench_memory_loads.py [--params 8M] [--max-new-tokens 4] [--no-smollm2]
         [--prompt-repeat 22] [--quantize nf4,int8] [--maps cpu,cpu+disk,disk]
 """
