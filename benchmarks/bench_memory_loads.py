@@ -57,9 +57,11 @@ C heap's slack beyond the live blocks, which no formula of the model predicts:
 With ``--maps disk`` (2026-12-07): every disk row is exact (SmolLM2-135M's 256.57 MiB as
 stored, 513.13 float32; before, 310.57 and 621.13: its tied embedding counted twice, and in
 float32 written twice). The CPU rows hold only a run's KV cache and activations, 0.1-5.6 MiB
-predicted: the 8M demos measure 0.4-1.4 MiB above (the onloading hooks' per-forward
-objects and heap, -24% to -83%), SmolLM2-135M 1.0-1.8 MiB above (-25% to -31%; 58.5 MiB
-before, -90%: its 54 MiB output weight copied per prefill, ``hooks.io_moves``), and a load
+predicted: the 8M demos measure 0.4-1.4 MiB above (-24% to -83%), SmolLM2-135M 1.0-1.8 MiB
+above (-25% to -31%; 58.5 MiB before, -90%: its 54 MiB output weight copied per prefill,
+``hooks.io_moves``). It is the first forward's: in one process, SmolLM2-135M's first 8-token
+and 1-token forwards peak 9.4 MiB above their start all on disk and 6.5 all on the CPU, keep
+the same 5.7 MiB, and the next two peak 0.9 MiB either way. A load
 row predicts nothing on the CPU, so its 0.1-0.3 MiB reads -100%: 0 of 16 within 5%, by
 0.4-1.8 MiB at most.
 
