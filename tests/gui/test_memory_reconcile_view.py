@@ -100,6 +100,11 @@ def test_a_load_fills_the_memory_table_lane_tooltips_and_log(
     run_record = shown.args[0]
     assert run_record.job == "infer" and run_record.device("disk").read_bytes > 0
     assert "during the last run" in view.caption.text()
+    # every figure row shows in the table, the notes below it; a short dock scrolls the two
+    # together (4 of 6 rows showed beside notes of fixed height in the first-run window)
+    assert not view.notes.isHidden() or not run_record.notes
+    assert table.viewport().height() >= table.verticalHeader().length()
+    assert table.verticalScrollBar().maximum() == 0
     assert "measured in the last run: " in cpu_lane.bar.toolTip()
     assert "memory after infer" in main_window.log_view.toPlainText()
 

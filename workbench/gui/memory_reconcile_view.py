@@ -19,8 +19,10 @@ import logging
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QFrame,
     QHeaderView,
     QLabel,
+    QScrollArea,
     QSizePolicy,
     QTableWidget,
     QTableWidgetItem,
@@ -85,17 +87,32 @@ class MemoryReconcileWidget(QWidget):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectColumns)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.setMinimumHeight(2 * self.fontMetrics().lineSpacing())  # it scrolls below
+        self.table.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.notes = QLabel("", self)
         self.notes.setWordWrap(True)
         self.notes.setVisible(False)
         self.caption.setToolTip(EXPLANATION)
+        # every figure row shows first and the notes follow; in a short dock the two scroll
+        # together (the table scrolled inside itself, behind notes of fixed height: 4 of its
+        # 6 rows showed in the first-run window)
+        content = QWidget(self)
+        content_layout = QVBoxLayout(content)
+        content_layout.setContentsMargins(0, 0, 0, 0)
+        content_layout.setSpacing(3)
+        content_layout.addWidget(self.table)
+        content_layout.addWidget(self.notes)
+        content_layout.addStretch(1)
+        self.scroll = QScrollArea(self)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(content)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.setSpacing(3)
         layout.addWidget(self.caption)
-        layout.addWidget(self.table, 1)
-        layout.addWidget(self.notes)
+        layout.addWidget(self.scroll, 1)
+        self._fit_table_height()
         bridge.result.connect(self._on_bridge_result)
         bridge.state_changed.connect(self._on_bridge_state_changed)
 
@@ -124,8 +141,21 @@ class MemoryReconcileWidget(QWidget):
                 self.table.setItem(row_index, column, item)
         self.notes.setText("\n".join(record.notes))
         self.notes.setVisible(bool(record.notes))
+        self._fit_table_height()
         logger.info("%s", record.describe())
         self.record_shown.emit(record, device_map)
+
+    def _fit_table_height(self) -> None:
+        """The table as tall as its header and rows (and its sideways scroll bar, which a
+        wide map's columns bring): the scroll area around it scrolls, not the table."""
+        table = self.table
+        height = (
+            table.horizontalHeader().sizeHint().height()
+            + table.verticalHeader().length()
+            + 2 * table.frameWidth()
+            + table.horizontalScrollBar().sizeHint().height()
+        )
+        table.setFixedHeight(height)
 
     def _on_bridge_result(self, event: Result) -> None:
         value = event.value
