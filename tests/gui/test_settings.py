@@ -179,3 +179,36 @@ def test_first_run_window_takes_most_of_the_screen_and_fits_it(main_window) -> N
     assert size.height() <= max(area.height(), minimum.height())
     assert size.width() >= min(area.width(), 1400) or size.width() == minimum.width()
     assert size.height() >= min(area.height(), 900) or size.height() == minimum.height()
+
+
+def test_file_dialogs_start_where_their_kind_of_file_was_last_chosen(
+    qtbot, clean_settings, main_window, tmp_path, monkeypatch
+) -> None:
+    """Not the folder the app was launched from: a session saved with the default name landed
+    in the source checkout it was started in (Xvfb, stop 38)."""
+    from pathlib import Path
+
+    from workbench.gui.open_dialog import OpenModelDialog
+    from workbench.gui.window_actions import open_dialog
+
+    monkeypatch.chdir(tmp_path)
+    assert app_settings.dialog_folder("session") == Path.home()
+    models = tmp_path / "models"
+    (models / "llama").mkdir(parents=True)
+    app_settings.remember_dialog_folder("session", models / "llama" / "a.wbsession.json")
+    assert app_settings.dialog_folder("session") == models / "llama"
+    assert app_settings.dialog_folder("map") == Path.home()  # each kind its own
+    (models / "llama").rmdir()
+    assert app_settings.dialog_folder("session") == Path.home()  # gone: home again
+
+    opened: list[str] = []
+    open_dialog(main_window, opened.append)
+    dialog = main_window.findChild(OpenModelDialog)
+    assert dialog is not None and dialog.shown_folder == Path.home()
+    dialog.chosen.emit(str(models))  # a model folder chosen
+    dialog.close()
+    assert opened == [str(models)]
+    open_dialog(main_window, opened.append)
+    again = [d for d in main_window.findChildren(OpenModelDialog) if d.isVisible()]
+    assert again and again[-1].shown_folder == tmp_path  # beside the folder chosen last
+    again[-1].close()

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.gui import settings as app_settings
 from workbench.gui.commands import SetDeviceMapCommand
 from workbench.runtime import (
     BadInputError,
@@ -260,8 +261,11 @@ def import_device_map(window: WindowContext, path: str | os.PathLike[str]) -> Im
 
 
 def import_dialog(window: WindowContext) -> None:
-    path, _ = QFileDialog.getOpenFileName(window, "Import device map", "", "Device map (*.json)")
+    path, _ = QFileDialog.getOpenFileName(
+        window, "Import device map", str(app_settings.dialog_folder("map")), "Device map (*.json)"
+    )
     if path:
+        app_settings.remember_dialog_folder("map", path)
         import_device_map(window, path)
 
 
@@ -310,10 +314,14 @@ def export_device_map(
 
 def export_dialog(window: WindowContext, *, wrapped: bool = False) -> None:
     path, _ = QFileDialog.getSaveFileName(
-        window, "Export device map", "device_map.json", "Device map (*.json)"
+        window,
+        "Export device map",
+        str(app_settings.dialog_folder("map") / "device_map.json"),
+        "Device map (*.json)",
     )
     if not path:
         return
+    app_settings.remember_dialog_folder("map", path)
     try:
         export_device_map(window, path, wrapped=wrapped)
     except (BadInputError, OSError) as exc:
@@ -362,14 +370,19 @@ def copy_as_code(window: WindowContext) -> str:
 
 
 def save_session_dialog(window: WindowContext, parent: QWidget | None = None) -> None:
+    source = window.session.source or "session"  # the model's name: config.json says nothing
+    base = Path(source).parent if Path(source).name == "config.json" else Path(source)
+    name = base.name.removesuffix(".gguf")
     path, _ = QFileDialog.getSaveFileName(
         parent or window,
         "Save session",
-        "session.wbsession.json",  # the suffix file managers know (resources/*.mime.xml)
+        # the suffix file managers know (resources/*.mime.xml)
+        str(app_settings.dialog_folder("session") / f"{name or 'session'}.wbsession.json"),
         "Workbench session (*.wbsession.json *.json)",
     )
     if not path:
         return
+    app_settings.remember_dialog_folder("session", path)
     try:
         window.session.save(path)
     except (OSError, TypeError, ValueError) as exc:

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.gui import settings as app_settings
 from workbench.gui.colors import pass_color
 from workbench.gui.plots import show_export_error
 from workbench.runtime import atomic_write_text
@@ -220,5 +221,8 @@ class RunHistoryWidget(QWidget):
                 self.last_error_box = show_export_error(self, path, exc)
 
     def _ask_path(self, title: str, file_filter: str) -> str | None:
-        path, _ = QFileDialog.getSaveFileName(self, title, "runs.json", file_filter)
+        start = str(app_settings.dialog_folder("runs") / "runs.json")
+        path, _ = QFileDialog.getSaveFileName(self, title, start, file_filter)
+        if path:
+            app_settings.remember_dialog_folder("runs", path)
         return path or None

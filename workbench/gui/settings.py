@@ -57,6 +57,25 @@ def add_recent_model(source: str, key: str = "recent/models") -> list[str]:
     return models
 
 
+def dialog_folder(kind: str) -> Path:
+    """The folder a file dialog of ``kind`` (``"open"``, ``"session"``, ``"map"``, ``"runs"``)
+    starts in: where that kind of file was last chosen, else the home folder (never the folder
+    the app was launched from, where a session file once landed by default)."""
+    saved = app_settings().value(f"dialogs/{kind}", "")
+    folder = Path(str(saved)) if saved else None
+    return folder if folder is not None and folder.is_dir() else Path.home()
+
+
+def remember_dialog_folder(kind: str, chosen: str | Path) -> None:
+    """Remember the folder of ``chosen`` (a file: its folder; a folder: itself) for the next
+    dialog of ``kind``."""
+    path = Path(chosen)
+    folder = path if path.is_dir() else path.parent
+    settings = app_settings()
+    settings.setValue(f"dialogs/{kind}", str(folder))
+    settings.sync()
+
+
 def save_last_hardware(profile_name: str) -> None:
     """Remember the chosen hardware profile: the one thing that carries over to the next
     launch and the next model. Budgets do not: each model starts from the profile's (a

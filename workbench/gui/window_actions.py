@@ -118,8 +118,14 @@ def tree_context_menu(
 
 
 def open_dialog(parent: QWidget, open_replacing: Opener) -> None:
-    """One dialog for a config file or a model folder (see ``gui.open_dialog``)."""
-    open_model_dialog(parent).chosen.connect(open_replacing)
+    """One dialog for a config file or a model folder (see ``gui.open_dialog``), started where
+    the last model was chosen."""
+
+    def chosen(path: str) -> None:
+        app_settings.remember_dialog_folder("open", Path(path).parent)
+        open_replacing(path)
+
+    open_model_dialog(parent, str(app_settings.dialog_folder("open"))).chosen.connect(chosen)
 
 
 def open_folder_dialog(parent: QWidget, open_replacing: Opener) -> None:
