@@ -131,6 +131,26 @@ def test_a_tied_tensor_is_written_once_under_each_of_its_names(tmp_path: Path) -
     assert a.st_ino != b.st_ino
 
 
+def test_without_hard_links_a_tied_name_gets_a_copy(tmp_path: Path, monkeypatch) -> None:
+    """A file system that makes no hard links (FAT, some network shares): the alias is copied,
+    and its bytes count as written."""
+    import os
+
+    def no_links(*_args: object) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    embed = torch.arange(6, dtype=torch.float32)
+    before = disk_bytes_written()
+    offload_state_dict(tmp_path, {"embed.weight": embed, "head.weight": embed})
+    assert disk_bytes_written() - before == 48  # written, then copied
+    first, second = ((tmp_path / f"{name}.weight.dat").stat() for name in ("embed", "head"))
+    assert first.st_ino != second.st_ino
+    weights = OffloadedWeightsLoader(save_folder=tmp_path)
+    assert torch.equal(weights["head.weight"], embed)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_progress_and_bytes_written_counter(tmp_path: Path) -> None:
     reports: list[LoadProgress] = []
     before = disk_bytes_written()

@@ -414,15 +414,17 @@ def predict_speed(
             dispatch_s,
             execution,
         )
+        cpu_curve = curve if execution == "cpu" else None
         prefill_matmul_s = _prefill_matmul_seconds(
-            curve if execution == "cpu" else None,
+            cpu_curve,
             unit_dtype,
             flops,
             rows,
             batch_size,
             weight_read_s,
             prefill_rate,
-            transposed_share=_transposed_share(tree, unit),
+            # a walk over the block's modules, which only the CPU curve's layouts use
+            transposed_share=_transposed_share(tree, unit) if cpu_curve is not None else 0.0,
         )
         prefill_compute_s = _with_dispatch(
             prefill_matmul_s + attended.prefill_s + elementwise_s * prompt_tokens,

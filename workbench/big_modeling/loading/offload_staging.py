@@ -21,7 +21,6 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +36,7 @@ from workbench.big_modeling.offload.folder import (
     commit_offload,
     raw_weight_path,
     repair_offload_folder,
+    stage_alias,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,20 +91,13 @@ class StagedTensor:
         self.stager, self.names, self.dtype = stager, list(names), dtype
         self.nbytes = 0
         self._fds: list[int] = []
-        self._tmps: list[Path] = []
+        final = raw_weight_path(stager.folder, self.names[0])
+        self._tmp = stager.folder / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            for name in self.names:
-                final = raw_weight_path(stager.folder, name)
-                tmp = stager.folder / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
-                stager._staged.append((tmp, final))
-                self._tmps.append(tmp)
-                if not self._fds:  # the aliases are linked to this one when it is complete
-                    self._fds.append(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            self._fds.append(os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except OSError as exc:
             raise self._failed(exc) from None
-        except BaseException:
-            self.close()
-            raise
+        stager._staged.append((self._tmp, final))
 
     def write(self, chunk: torch.Tensor) -> None:
         """Append the bytes of the CPU tensor ``chunk`` (of ``dtype``) to the tensor's file.
@@ -138,24 +131,11 @@ class StagedTensor:
         self.close()
         if kind is None:
             self.stager.nbytes_written += self.nbytes
-            self._link_aliases()
-
-    def _link_aliases(self) -> None:
-        """Give every tied alias the first name's complete file: a hard link, else a copy.
-
-        Raises:
-            OffloadError: neither could be made (``abort()`` removes the files).
-        """
-        first, *aliases = self._tmps
-        for alias in aliases:
-            try:
-                os.link(first, alias)
-            except OSError:
-                try:
-                    shutil.copyfile(first, alias)
-                except OSError as exc:
-                    raise self._failed(exc) from None
-                self.stager.nbytes_written += self.nbytes
+            for name in self.names[1:]:  # tied aliases, once the file is complete
+                final = raw_weight_path(self.stager.folder, name)
+                tmp, copied = stage_alias(self._tmp, final)
+                self.stager._staged.append((tmp, final))
+                self.stager.nbytes_written += copied
 
     def _failed(self, exc: OSError) -> OffloadError:
         self.close()

@@ -34,6 +34,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -218,7 +219,6 @@ def _stage_raw_file(
     weight: torch.Tensor, weight_name: str, folder: Path
 ) -> tuple[Path, dict[str, Any]]:
     """Write ``weight``'s bytes under a temporary name in ``folder``; return it and its entry."""
-    global _bytes_written
     target = raw_weight_path(folder, weight_name)
     if weight.device.type == "meta" or weight.is_sparse or weight.is_quantized:
         raise CheckpointError(
@@ -238,9 +238,14 @@ def _stage_raw_file(
             f"cannot write {weight_name!r} ({raw.numel()} B) to offload folder {folder}: "
             f"{exc.strerror or exc}; free disk space or choose another offload folder.",
         ) from exc
-    with _bytes_lock:
-        _bytes_written += raw.numel()
+    _count_written(raw.numel())
     return tmp, {"dtype": dtype_name(weight.dtype), "shape": list(weight.shape)}
+
+
+def _count_written(nbytes: int) -> None:
+    global _bytes_written
+    with _bytes_lock:
+        _bytes_written += nbytes
 
 
 def offload_weight(
@@ -390,15 +395,16 @@ def offload_state_dict(
         for name, tensor in state_dict.items():
             if cancel is not None:
                 cancel.raise_if_cancelled()
-            same = _same_tensor(tensor)
-            tmp = _link_staged(written[same], name, folder) if same in written else None
-            if tmp is None:
+            same, target = _same_tensor(tensor), raw_weight_path(folder, name)
+            if same in written:  # a tied name of a tensor staged already
+                tmp, copied = stage_alias(written[same], target)
+                index[name] = {"dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape)}
+                _count_written(copied)
+            else:
                 tmp, index[name] = _stage_raw_file(tensor, name, folder)
                 if same is not None:
-                    written.setdefault(same, tmp)
-            else:
-                index[name] = {"dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape)}
-            staged.append((tmp, raw_weight_path(folder, name)))
+                    written[same] = tmp
+            staged.append((tmp, target))
             done_nbytes += tensor.numel() * tensor.element_size()
             if progress is not None:
                 progress(LoadProgress(done_nbytes, total_nbytes, name, "offloading"))
@@ -427,17 +433,31 @@ def _same_tensor(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     )
 
 
-def _link_staged(first: Path, weight_name: str, folder: Path) -> Path | None:
-    """A staged file for ``weight_name`` that is a hard link of the staged file ``first`` (a
-    tied name: its bytes on disk once, its own file for the folder format); ``None`` where the
-    file system makes no hard links (the caller writes the bytes again)."""
-    target = raw_weight_path(folder, weight_name)
-    tmp = folder / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+def stage_alias(first: Path, target: Path) -> tuple[Path, int]:
+    """A staged file for ``target`` holding the bytes of the staged file ``first`` (a tied
+    name: its own file, as the folder format wants, its bytes on disk once): a hard link, a
+    copy where the file system makes none. Returns the staged path and the bytes it wrote
+    (0 for a link).
+
+    Raises:
+        OffloadError: neither could be made.
+    """
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         os.link(first, tmp)
+        return tmp, 0
     except OSError:
-        return None
-    return tmp
+        pass
+    try:
+        shutil.copyfile(first, tmp)
+    except OSError as exc:
+        _discard(tmp)
+        raise OffloadError(
+            exc.errno or errno.EIO,
+            f"cannot write {target.name} to offload folder {target.parent}: "
+            f"{exc.strerror or exc}; free disk space or choose another offload folder.",
+        ) from exc
+    return tmp, tmp.stat().st_size
 
 
 def remove_offloaded_files(offload_folder: str | os.PathLike[str], names: Iterable[str]) -> int:
