@@ -233,13 +233,17 @@ def _stage_raw_file(
             handle.write(memoryview(raw.numpy()))
     except OSError as exc:
         _discard(tmp)
-        raise OffloadError(
-            exc.errno or errno.EIO,
-            f"cannot write {weight_name!r} ({raw.numel()} B) to offload folder {folder}: "
-            f"{exc.strerror or exc}; free disk space or choose another offload folder.",
-        ) from exc
+        raise _write_failed(f"{weight_name!r} ({raw.numel()} B)", folder, exc) from exc
     _count_written(raw.numel())
     return tmp, {"dtype": dtype_name(weight.dtype), "shape": list(weight.shape)}
+
+
+def _write_failed(what: str, folder: Path, exc: OSError) -> OffloadError:
+    return OffloadError(
+        exc.errno or errno.EIO,
+        f"cannot write {what} to offload folder {folder}: {exc.strerror or exc}; free disk "
+        "space or choose another offload folder.",
+    )
 
 
 def _count_written(nbytes: int) -> None:
@@ -452,11 +456,7 @@ def stage_alias(first: Path, target: Path) -> tuple[Path, int]:
         shutil.copyfile(first, tmp)
     except OSError as exc:
         _discard(tmp)
-        raise OffloadError(
-            exc.errno or errno.EIO,
-            f"cannot write {target.name} to offload folder {target.parent}: "
-            f"{exc.strerror or exc}; free disk space or choose another offload folder.",
-        ) from exc
+        raise _write_failed(target.name, target.parent, exc) from exc
     return tmp, tmp.stat().st_size
 
 
